@@ -1,0 +1,318 @@
+"""The GA-2 instruction word: 128 bits, encoded, decoded and validated here and nowhere else.
+
+Pure Python (no Amaranth): the compiler, the reference machine, the hex-file tools and the chip's
+decoder all read the field positions from this module.
+
+Generic layout (hardware spec 3.1), most significant first::
+
+    op[127:124] a[123:108] b[107:92] c[91:76] d[75:52] e[51:46] f[45:38] g[37:30] h[29:22] fl[21:18] x[17:0]
+
+What each opcode means by its fields is in :data:`OPERANDS`; the bits the hardware actually reads
+(often fewer than the field holds) are in :func:`operands`.
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, fields as dc_fields
+
+__all__ = [
+    "Op", "FIELDS", "SPAD_WORDS", "ROM_WORDS", "IsaError", "Instr",
+    "encode", "decode", "operands", "validate", "validate_program", "busy_cycles",
+    "ld", "st", "mm", "rq", "sm", "vadd", "amax", "unpack", "halt",
+    "to_words32", "from_words32", "describe",
+]
+
+SPAD_WORDS = 4096           # scratchpad: 4096 x 32 bits, 12-bit addresses
+ROM_WORDS = 256             # the testbench ROM is indexed by imem_addr[7:0]
+MM_MAX_MN = 4               # the systolic array is 4 x 4
+MM_MAX_K = 64               # operand memories hold 64 int8 values
+
+
+class Op(enum.IntEnum):
+    HALT = 0
+    LD = 1
+    ST = 2
+    MM = 3
+    RQ = 4
+    SM = 5
+    VADD = 6
+    AMAX = 7
+    UNPACK = 8
+
+
+# name -> (lsb, width)
+FIELDS: dict[str, tuple[int, int]] = {
+    "op": (124, 4), "a": (108, 16), "b": (92, 16), "c": (76, 16), "d": (52, 24),
+    "e": (46, 6), "f": (38, 8), "g": (30, 8), "h": (22, 8), "fl": (18, 4), "x": (0, 18),
+}
+
+# What the generic fields mean for each opcode (for messages and for `describe`).
+OPERANDS: dict[Op, dict[str, str]] = {
+    Op.HALT: {},
+    Op.LD: {"a": "dst", "b": "src", "c": "len"},
+    Op.ST: {"a": "src", "b": "dst", "c": "len"},
+    Op.MM: {"a": "dst", "b": "A", "c": "B", "d": "ldb:lda", "f": "M", "g": "K", "h": "N", "fl": "tb", "x": "ldc"},
+    Op.RQ: {"a": "dst", "b": "src", "c": "len", "d": "m", "e": "s", "fl": "relu"},
+    Op.SM: {"a": "dst", "b": "src", "c": "len"},
+    Op.VADD: {"a": "dst", "b": "src1", "c": "src2", "d": "len"},
+    Op.AMAX: {"a": "dst", "b": "src", "c": "len"},
+    Op.UNPACK: {"a": "dst", "b": "src", "c": "len"},
+}
+
+
+class IsaError(ValueError):
+    """An instruction that the chip cannot execute as intended (the message names it and the field)."""
+
+
+@dataclass(frozen=True)
+class Instr:
+    """One instruction as its generic fields. Build it with the helpers (`ld`, `mm`, ...)."""
+    op: int
+    a: int = 0
+    b: int = 0
+    c: int = 0
+    d: int = 0
+    e: int = 0
+    f: int = 0
+    g: int = 0
+    h: int = 0
+    fl: int = 0
+    x: int = 0
+
+    def __post_init__(self):
+        for name, (_, width) in FIELDS.items():
+            value = getattr(self, name)
+            if not isinstance(value, int) or not 0 <= value < (1 << width):
+                raise IsaError(f"field {name} = {value!r} does not fit in {width} bits")
+
+    @property
+    def word(self) -> int:
+        return encode(self)
+
+    def __str__(self) -> str:
+        return describe(self)
+
+
+# ---- constructors with the assembler's conventions (hardware spec 3.4) ----------------------------
+
+def ld(dst, src, n):
+    return Instr(Op.LD, a=dst, b=src, c=n)
+
+
+def st(src, dst, n):
+    return Instr(Op.ST, a=src, b=dst, c=n)
+
+
+def mm(dst, A, B, M, K, N, lda=None, ldb=0, ldc=None, tb=0):
+    lda = K if lda is None else lda
+    ldc = N if ldc is None else ldc
+    if not 0 <= lda < 4096 or not 0 <= ldb < 4096:
+        raise IsaError(f"MM stride lda={lda} / ldb={ldb} does not fit in 12 bits")
+    return Instr(Op.MM, a=dst, b=A, c=B, d=(ldb << 12) | lda, f=M, g=K, h=N, fl=int(tb), x=ldc)
+
+
+def rq(dst, src, n, m, s, relu=0):
+    return Instr(Op.RQ, a=dst, b=src, c=n, d=m, e=s, fl=int(relu))
+
+
+def sm(dst, src, n):
+    return Instr(Op.SM, a=dst, b=src, c=n)
+
+
+def vadd(dst, src1, src2, n):
+    return Instr(Op.VADD, a=dst, b=src1, c=src2, d=n)
+
+
+def amax(dst, src, n):
+    return Instr(Op.AMAX, a=dst, b=src, c=n)
+
+
+def unpack(dst, src, n):
+    return Instr(Op.UNPACK, a=dst, b=src, c=n)
+
+
+def halt():
+    return Instr(Op.HALT)
+
+
+# ---- encode / decode -----------------------------------------------------------------------------
+
+def encode(ins: Instr) -> int:
+    word = 0
+    for name, (lsb, width) in FIELDS.items():
+        word |= (getattr(ins, name) & ((1 << width) - 1)) << lsb
+    return word
+
+
+def decode(word: int) -> Instr:
+    if not isinstance(word, int) or not 0 <= word < (1 << 128):
+        raise IsaError(f"instruction word {word!r} is not a 128-bit unsigned integer")
+    return Instr(**{name: (word >> lsb) & ((1 << width) - 1) for name, (lsb, width) in FIELDS.items()})
+
+
+def _bits(word, hi, lo):
+    return (word >> lo) & ((1 << (hi - lo + 1)) - 1)
+
+
+def operands(word: int) -> dict:
+    """The operands exactly as the hardware reads them (hardware spec 3.2); ignored bits are dropped.
+
+    Returns a dict with ``op`` plus the opcode's named operands. Unknown opcodes give only ``op``.
+    """
+    if isinstance(word, Instr):
+        word = encode(word)
+    op = _bits(word, 127, 124)
+    r = {"op": op}
+    if op in (Op.LD, Op.ST):
+        if op == Op.LD:
+            r.update(dst=_bits(word, 119, 108), src=_bits(word, 107, 92))
+        else:
+            r.update(src=_bits(word, 119, 108), dst=_bits(word, 107, 92))
+        r["len"] = _bits(word, 87, 76)
+    elif op == Op.MM:
+        r.update(dst=_bits(word, 119, 108), A=_bits(word, 103, 92), B=_bits(word, 87, 76),
+                 lda=_bits(word, 63, 52), ldb=_bits(word, 75, 64), M=_bits(word, 41, 38),
+                 K=_bits(word, 36, 30), N=_bits(word, 25, 22), tb=_bits(word, 18, 18),
+                 ldc=_bits(word, 11, 0))
+    elif op == Op.RQ:
+        r.update(dst=_bits(word, 119, 108), src=_bits(word, 103, 92), len=_bits(word, 87, 76),
+                 m=_bits(word, 75, 52), s=_bits(word, 51, 46), relu=_bits(word, 18, 18))
+    elif op == Op.VADD:
+        r.update(dst=_bits(word, 119, 108), src1=_bits(word, 103, 92), src2=_bits(word, 87, 76),
+                 len=_bits(word, 67, 52))
+    elif op in (Op.SM, Op.AMAX, Op.UNPACK):
+        r.update(dst=_bits(word, 119, 108), src=_bits(word, 103, 92), len=_bits(word, 87, 76))
+    return r
+
+
+# ---- validation ----------------------------------------------------------------------------------
+
+def _region(where, name, start, n, limit):
+    if start + n > limit:
+        raise IsaError(f"{where}: {name} = {start} with length {n} runs past the end of "
+                       f"{'the scratchpad' if limit == SPAD_WORDS else 'external memory'} ({limit} words)")
+
+
+def validate(ins, ext_words: int = 8192, index: int | None = None) -> dict:
+    """Check one instruction (an `Instr` or a 128-bit word) for a chip with `ext_words` of external memory.
+
+    Raises `IsaError` naming the instruction (its index when given) and the offending field; returns
+    the hardware operands (see `operands`) when the instruction is legal.
+    """
+    word = encode(ins) if isinstance(ins, Instr) else ins
+    if not isinstance(word, int) or not 0 <= word < (1 << 128):
+        raise IsaError(f"instruction {index}: word {word!r} is not a 128-bit unsigned integer")
+    g = decode(word)
+    o = operands(word)
+    op = o["op"]
+    try:
+        name = Op(op).name
+    except ValueError:
+        raise IsaError(f"instruction {'' if index is None else index} ({word:032x}): "
+                       f"unknown opcode {op} (legal: 0..8)") from None
+    where = f"instruction {index} ({name})" if index is not None else f"{name} instruction"
+    if op == Op.HALT:
+        return o
+    if op == Op.MM:
+        for k, lim in (("M", MM_MAX_MN), ("K", MM_MAX_K), ("N", MM_MAX_MN)):
+            if not 1 <= o[k] <= lim:
+                raise IsaError(f"{where}: {k} = {o[k]} is outside 1..{lim}")
+        # fields wider than what the hardware reads would be silently truncated: refuse them
+        for fname, used in (("a", 12), ("b", 12), ("c", 12), ("x", 12)):
+            if getattr(g, fname) >= (1 << used):
+                raise IsaError(f"{where}: {OPERANDS[Op.MM][fname]} = {getattr(g, fname)} "
+                               f"is past the scratchpad ({SPAD_WORDS} words)")
+        if g.f > 15 or g.g > 127 or g.h > 15:
+            raise IsaError(f"{where}: M/K/N field carries bits the hardware ignores")
+        M, K, N = o["M"], o["K"], o["N"]
+        _region(where, "dst", o["dst"], (M - 1) * o["ldc"] + N, SPAD_WORDS)
+        _region(where, "A", o["A"], (M - 1) * o["lda"] + K, SPAD_WORDS)
+        span_b = (N - 1) * o["ldb"] + K if o["tb"] else (K - 1) * o["ldb"] + N
+        _region(where, "B", o["B"], span_b, SPAD_WORDS)
+        return o
+    n = o["len"]
+    len_field = "d" if op == Op.VADD else "c"
+    raw_len = getattr(g, len_field)
+    limit = SPAD_WORDS if op == Op.VADD else SPAD_WORDS - 1
+    if raw_len == 0:
+        raise IsaError(f"{where}: len = 0 (a zero length never finishes)")
+    if raw_len > limit:
+        raise IsaError(f"{where}: len = {raw_len} is outside 1..{limit}")
+    if op == Op.LD:
+        if g.a >= SPAD_WORDS:
+            raise IsaError(f"{where}: dst = {g.a} is past the scratchpad ({SPAD_WORDS} words)")
+        _region(where, "dst", o["dst"], n, SPAD_WORDS)
+        _region(where, "src", o["src"], n, ext_words)
+    elif op == Op.ST:
+        if g.a >= SPAD_WORDS:
+            raise IsaError(f"{where}: src = {g.a} is past the scratchpad ({SPAD_WORDS} words)")
+        _region(where, "src", o["src"], n, SPAD_WORDS)
+        _region(where, "dst", o["dst"], n, ext_words)
+    else:
+        names = [OPERANDS[Op(op)][f] for f in ("a", "b", "c") if OPERANDS[Op(op)][f] != "len"]
+        for fname, oname in zip(("a", "b", "c"), names):
+            if getattr(g, fname) >= SPAD_WORDS:
+                raise IsaError(f"{where}: {oname} = {getattr(g, fname)} is past the scratchpad ({SPAD_WORDS} words)")
+        out_n = 8 * n if op == Op.UNPACK else (1 if op == Op.AMAX else n)
+        _region(where, "dst", o["dst"], out_n, SPAD_WORDS)
+        if op == Op.VADD:
+            _region(where, "src1", o["src1"], n, SPAD_WORDS)
+            _region(where, "src2", o["src2"], n, SPAD_WORDS)
+        else:
+            _region(where, "src", o["src"], n, SPAD_WORDS)
+    return o
+
+
+def validate_program(words, ext_words: int = 8192) -> None:
+    """Validate every instruction of a program and check that it ends with a HALT and fits the ROM."""
+    words = [encode(w) if isinstance(w, Instr) else w for w in words]
+    if not words:
+        raise IsaError("the program is empty (it needs at least a HALT)")
+    if len(words) > ROM_WORDS:
+        raise IsaError(f"the program has {len(words)} instructions; the program ROM holds {ROM_WORDS}")
+    for i, w in enumerate(words):
+        validate(w, ext_words, index=i)
+    if operands(words[-1])["op"] != Op.HALT:
+        raise IsaError(f"the program does not end with a HALT (instruction {len(words) - 1} is "
+                       f"{Op(operands(words[-1])['op']).name}): it would run off its end")
+
+
+# ---- the per-instruction cycle model (hardware spec 4.9) -----------------------------------------
+
+def busy_cycles(ins, lat: int = 8) -> int:
+    """WAIT cycles B of one legal instruction; the instruction costs 2 + B cycles in all (HALT: 2)."""
+    o = operands(ins)
+    op = o["op"]
+    if op == Op.HALT:
+        return 0
+    if op == Op.MM:
+        M, K, N = o["M"], o["K"], o["N"]
+        return M * K + K * N + (K + M + N - 2) + M * N + 7
+    n = o["len"]
+    return {Op.LD: n + lat + 1, Op.ST: n + 2, Op.RQ: n + 2, Op.SM: 3 * n + 47,
+            Op.VADD: 2 * n + 2, Op.AMAX: n + 3, Op.UNPACK: 10 * n + 1}[Op(op)]
+
+
+# ---- helpers for files and messages --------------------------------------------------------------
+
+def to_words32(word: int) -> list[int]:
+    """A 128-bit instruction as four 32-bit words, most significant first (the hex-file order)."""
+    return [(word >> s) & 0xFFFFFFFF for s in (96, 64, 32, 0)]
+
+
+def from_words32(ws) -> int:
+    w = 0
+    for x in ws:
+        w = (w << 32) | (x & 0xFFFFFFFF)
+    return w
+
+
+def describe(ins) -> str:
+    """One line of assembly for an instruction, from the bits the hardware reads."""
+    o = operands(ins)
+    op = o.pop("op")
+    try:
+        name = Op(op).name.lower()
+    except ValueError:
+        return f"illegal opcode {op}"
+    return name + "".join(f" {k}={v}" for k, v in o.items())
