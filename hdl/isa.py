@@ -16,7 +16,7 @@ import enum
 from dataclasses import dataclass, fields as dc_fields
 
 __all__ = [
-    "Op", "FIELDS", "SPAD_WORDS", "ROM_WORDS", "IsaError", "Instr",
+    "Op", "FIELDS", "HW_OPERANDS", "SPAD_WORDS", "ROM_WORDS", "IsaError", "Instr",
     "encode", "decode", "operands", "validate", "validate_program", "busy_cycles",
     "ld", "st", "mm", "rq", "sm", "vadd", "amax", "unpack", "halt",
     "to_words32", "from_words32", "describe",
@@ -150,6 +150,23 @@ def decode(word: int) -> Instr:
     return Instr(**{name: (word >> lsb) & ((1 << width) - 1) for name, (lsb, width) in FIELDS.items()})
 
 
+# The bits each opcode's operands are read from, as (msb, lsb): exactly what the hardware decodes
+# (hardware spec 3.2). The chip's units slice the instruction register with this same table.
+HW_OPERANDS: dict[Op, dict[str, tuple[int, int]]] = {
+    Op.HALT: {},
+    Op.LD: {"dst": (119, 108), "src": (107, 92), "len": (87, 76)},
+    Op.ST: {"src": (119, 108), "dst": (107, 92), "len": (87, 76)},
+    Op.MM: {"dst": (119, 108), "A": (103, 92), "B": (87, 76), "lda": (63, 52), "ldb": (75, 64),
+            "M": (41, 38), "K": (36, 30), "N": (25, 22), "tb": (18, 18), "ldc": (11, 0)},
+    Op.RQ: {"dst": (119, 108), "src": (103, 92), "len": (87, 76), "m": (75, 52), "s": (51, 46),
+            "relu": (18, 18)},
+    Op.SM: {"dst": (119, 108), "src": (103, 92), "len": (87, 76)},
+    Op.VADD: {"dst": (119, 108), "src1": (103, 92), "src2": (87, 76), "len": (67, 52)},
+    Op.AMAX: {"dst": (119, 108), "src": (103, 92), "len": (87, 76)},
+    Op.UNPACK: {"dst": (119, 108), "src": (103, 92), "len": (87, 76)},
+}
+
+
 def _bits(word, hi, lo):
     return (word >> lo) & ((1 << (hi - lo + 1)) - 1)
 
@@ -163,25 +180,9 @@ def operands(word: int) -> dict:
         word = encode(word)
     op = _bits(word, 127, 124)
     r = {"op": op}
-    if op in (Op.LD, Op.ST):
-        if op == Op.LD:
-            r.update(dst=_bits(word, 119, 108), src=_bits(word, 107, 92))
-        else:
-            r.update(src=_bits(word, 119, 108), dst=_bits(word, 107, 92))
-        r["len"] = _bits(word, 87, 76)
-    elif op == Op.MM:
-        r.update(dst=_bits(word, 119, 108), A=_bits(word, 103, 92), B=_bits(word, 87, 76),
-                 lda=_bits(word, 63, 52), ldb=_bits(word, 75, 64), M=_bits(word, 41, 38),
-                 K=_bits(word, 36, 30), N=_bits(word, 25, 22), tb=_bits(word, 18, 18),
-                 ldc=_bits(word, 11, 0))
-    elif op == Op.RQ:
-        r.update(dst=_bits(word, 119, 108), src=_bits(word, 103, 92), len=_bits(word, 87, 76),
-                 m=_bits(word, 75, 52), s=_bits(word, 51, 46), relu=_bits(word, 18, 18))
-    elif op == Op.VADD:
-        r.update(dst=_bits(word, 119, 108), src1=_bits(word, 103, 92), src2=_bits(word, 87, 76),
-                 len=_bits(word, 67, 52))
-    elif op in (Op.SM, Op.AMAX, Op.UNPACK):
-        r.update(dst=_bits(word, 119, 108), src=_bits(word, 103, 92), len=_bits(word, 87, 76))
+    if op in HW_OPERANDS:
+        for name, (hi, lo) in HW_OPERANDS[Op(op)].items():
+            r[name] = _bits(word, hi, lo)
     return r
 
 
