@@ -1,0 +1,217 @@
+"""The paged KV cache's page table (model spec 5.1): a pool of fixed-size pages shared by requests.
+
+Host-side only: the chip never sees a page. Every operation either completes or raises and leaves the
+table exactly as it was (a failed append, an unknown request id, a bad row range change nothing).
+"""
+from __future__ import annotations
+
+from typing import Any, Hashable
+
+__all__ = ["PageTable", "PageTableError", "OutOfPages"]
+
+
+class PageTableError(ValueError):
+    """A misuse of the page table (unknown or duplicate request id, rows out of range, bad size)."""
+
+
+class OutOfPages(Exception):
+    """The pool has no free page for an append that needs one; the table is unchanged."""
+
+
+def _positive_int(name: str, value) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise PageTableError(f"{name} must be an integer >= 1, got {value!r}")
+    return value
+
+
+class PageTable:
+    """Block tables of several requests over one pool of pages of ``page`` rows each.
+
+    Parameters
+    ----------
+    n_pages : int
+        Number of physical pages in the pool (>= 1).
+    page : int
+        Rows per page (>= 1). A row is any Python object (the host stores a (k row, v row) pair).
+
+    Attributes
+    ----------
+    n_pages, page : int
+        The sizes given (read-only).
+
+    Notes
+    -----
+    The free list starts in descending order and pages are taken from its end, so page 0 goes first;
+    a page whose last reference is dropped goes to the end and is the next one taken. Logical row ``i``
+    of a request lives in slot ``i % page`` of block-table entry ``i // page - dropped``, where
+    ``dropped`` counts the leading logical pages released by :meth:`trim`.
+
+    Raises
+    ------
+    PageTableError
+        On any misuse; the message names the request id, row or size at fault.
+    OutOfPages
+        When an append needs a page and none is free.
+    """
+
+    def __init__(self, n_pages: int, page: int = 4):
+        self._page = _positive_int("page size", page)
+        self._n_pages = _positive_int("pool size (pages)", n_pages)
+        self._pool: list[list[Any]] = [[None] * page for _ in range(n_pages)]
+        self._ref = [0] * n_pages
+        self._free = list(range(n_pages - 1, -1, -1))
+        self._table: dict[Hashable, list[int]] = {}
+        self._length: dict[Hashable, int] = {}
+        self._dropped: dict[Hashable, int] = {}
+
+    # ---- read-only views -------------------------------------------------------------------------
+    @property
+    def page(self) -> int:
+        return self._page
+
+    @property
+    def n_pages(self) -> int:
+        return self._n_pages
+
+    def requests(self) -> tuple:
+        """Live request ids in creation order."""
+        return tuple(self._table)
+
+    def table(self, rid) -> tuple[int, ...]:
+        """The block table of ``rid`` (physical pages of its live logical pages, in order)."""
+        return tuple(self._table[self._known(rid)])
+
+    def length(self, rid) -> int:
+        """Rows appended to ``rid`` so far (released rows included)."""
+        return self._length[self._known(rid)]
+
+    def dropped(self, rid) -> int:
+        """Leading logical pages of ``rid`` released by trim."""
+        return self._dropped[self._known(rid)]
+
+    def first_row(self, rid) -> int:
+        """The first logical row of ``rid`` still held (``dropped * page``)."""
+        return self._dropped[self._known(rid)] * self._page
+
+    def refcount(self, p: int) -> int:
+        """Number of block-table entries naming physical page ``p``."""
+        if isinstance(p, bool) or not isinstance(p, int) or not 0 <= p < self._n_pages:
+            raise PageTableError(f"page {p!r} is not in the pool (0..{self._n_pages - 1})")
+        return self._ref[p]
+
+    def free_pages(self) -> tuple[int, ...]:
+        """The free list in order; the LAST entry is the next page taken."""
+        return tuple(self._free)
+
+    def used(self) -> int:
+        """Pages held by at least one request."""
+        return self._n_pages - len(self._free)
+
+    # ---- operations --------------------------------------------------------------------------------
+    def new(self, rid) -> None:
+        """Start request ``rid`` with an empty block table."""
+        self._hashable(rid)
+        if rid in self._table:
+            raise PageTableError(f"request {rid!r} already exists")
+        self._table[rid] = []
+        self._length[rid] = 0
+        self._dropped[rid] = 0
+
+    def append(self, rid, row) -> None:
+        """Write ``row`` as the next logical row of ``rid``; copy a shared last page first.
+
+        Raises OutOfPages (nothing changed) when a page is needed and the pool is empty.
+        """
+        t = self._table[self._known(rid)]
+        i = self._length[rid]
+        off = i % self._page
+        if off == 0:
+            t.append(self._take())
+        elif self._ref[t[-1]] > 1:
+            # The page is shared (a fork): writing into it would change the other owners' rows.
+            shared = t[-1]
+            q = self._take()                 # may raise: nothing has been modified yet
+            self._pool[q][:] = self._pool[shared]
+            self._drop(shared)
+            t[-1] = q
+        self._pool[t[-1]][off] = row
+        self._length[rid] = i + 1
+
+    def rows(self, rid, lo: int, hi: int) -> list:
+        """The rows of ``rid`` with logical index ``lo <= i < hi``, read through the block table."""
+        self._known(rid)
+        first, n = self._dropped[rid] * self._page, self._length[rid]
+        for name, v in (("lo", lo), ("hi", hi)):
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise PageTableError(f"{name} must be an integer, got {v!r}")
+        if lo < first:
+            raise PageTableError(f"request {rid!r}: row {lo} already released (rows {first}..{n - 1} are held)")
+        if hi > n:
+            raise PageTableError(f"request {rid!r}: row {hi - 1} not written yet (length {n})")
+        if lo > hi:
+            raise PageTableError(f"request {rid!r}: row range lo={lo} > hi={hi}")
+        t, d, P = self._table[rid], self._dropped[rid], self._page
+        return [self._pool[t[i // P - d]][i % P] for i in range(lo, hi)]
+
+    def trim(self, rid, keep_from: int) -> None:
+        """Release the leading pages of ``rid`` that lie entirely before logical row ``keep_from``.
+
+        A page still holding row ``keep_from`` or later stays. ``keep_from`` may be at most the length.
+        """
+        self._known(rid)
+        n = self._length[rid]
+        if isinstance(keep_from, bool) or not isinstance(keep_from, int) or not 0 <= keep_from <= n:
+            raise PageTableError(f"request {rid!r}: keep_from must be in 0..{n} (its length), got {keep_from!r}")
+        t = self._table[rid]
+        while t and (self._dropped[rid] + 1) * self._page <= keep_from:
+            self._drop(t.pop(0))
+            self._dropped[rid] += 1
+
+    def fork(self, src, dst) -> None:
+        """Make ``dst`` share every page of ``src`` (no copy; each page gains a reference)."""
+        self._known(src)
+        self._hashable(dst)
+        if dst in self._table:
+            raise PageTableError(f"request {dst!r} already exists (fork from {src!r})")
+        self._table[dst] = list(self._table[src])
+        self._length[dst] = self._length[src]
+        self._dropped[dst] = self._dropped[src]
+        for p in self._table[dst]:
+            self._ref[p] += 1
+
+    def release(self, rid) -> None:
+        """Forget ``rid`` and drop its reference to each of its pages."""
+        self._known(rid)
+        for p in self._table.pop(rid):
+            self._drop(p)
+        del self._length[rid], self._dropped[rid]
+
+    # ---- internals ----------------------------------------------------------------------------------
+    def _take(self) -> int:
+        if not self._free:
+            raise OutOfPages(f"no free page: all {self._n_pages} pages of {self._page} rows are in use")
+        p = self._free.pop()
+        self._ref[p] = 1
+        return p
+
+    def _drop(self, p: int) -> None:
+        self._ref[p] -= 1
+        if self._ref[p] == 0:
+            self._free.append(p)
+
+    def _known(self, rid):
+        self._hashable(rid)
+        if rid not in self._table:
+            raise PageTableError(f"unknown request {rid!r}")
+        return rid
+
+    @staticmethod
+    def _hashable(rid) -> None:
+        try:
+            hash(rid)
+        except TypeError:
+            raise PageTableError(f"request id must be hashable, got {rid!r}") from None
+
+    def __repr__(self) -> str:
+        return (f"PageTable(n_pages={self._n_pages}, page={self._page}, used={self.used()}, "
+                f"requests={list(self._table)})")
