@@ -1,0 +1,36 @@
+"""Small helpers shared by the block tests: run one async testbench against one component.
+
+`run(dut, bench)` builds a Simulator, adds a clock to the `sync` domain unless `clocked=False` (purely
+combinational blocks), adds `bench(ctx)` as the only testbench and runs it to completion. No VCD is written unless
+the environment variable GA2_VCD names a file.
+"""
+from __future__ import annotations
+
+import os
+
+from amaranth.sim import Simulator
+
+__all__ = ["run"]
+
+
+def run(dut, bench, *, clocked: bool = True, deadline: float | None = None):
+    """Simulate `dut` with the async testbench `bench(ctx)`; return what the testbench returned."""
+    sim = Simulator(dut)
+    if clocked:
+        sim.add_clock(1e-6)
+    result = {}
+
+    async def wrapper(ctx):
+        result["value"] = await bench(ctx)
+
+    sim.add_testbench(wrapper)
+    vcd = os.environ.get("GA2_VCD")
+    if vcd:
+        with sim.write_vcd(vcd):
+            sim.run()
+    else:
+        if deadline is None:
+            sim.run()
+        else:
+            sim.run_until(deadline)
+    return result.get("value")
