@@ -1,0 +1,185 @@
+"""GA2: the chip top, a FETCH/ISSUE/WAIT sequencer over eight units sharing one scratchpad (hardware spec 2).
+
+Each non-HALT instruction costs 1 FETCH + 1 ISSUE + B WAIT cycles, B being its unit's busy time (the
+unit's `done` pulse is seen in the last WAIT cycle); HALT costs 2. `cur` decides which unit drives the
+scratchpad ports (spec 2.3); the five counters are cleared by `start` and wrap at 2^32.
+"""
+
+from amaranth.hdl import Module, Signal
+from amaranth.lib import enum, wiring
+from amaranth.lib.wiring import In, Out
+
+from .dma import DMA
+from .isa import HW_OPERANDS, Op
+from .scratchpad import Scratchpad
+from .unit_amax import ArgmaxUnit
+from .unit_mm import MatrixUnit
+from .unit_rq import RequantUnit
+from .unit_sm import SoftmaxUnit
+from .unit_st import StoreUnit
+from .unit_unpack import UnpackUnit
+from .unit_vadd import VaddUnit
+
+__all__ = ["GA2", "SeqState", "CUR_NONE"]
+
+CUR_NONE = 15       # `cur` when no unit owns the scratchpad
+
+
+class SeqState(enum.Enum, shape=3):
+    IDLE = 0
+    FETCH = 1
+    ISSUE = 2
+    WAIT = 3
+    HALT = 4
+
+
+class GA2(wiring.Component):
+    """The GA-2 accelerator (ports of hardware spec 2.1 minus clk/rst; ``rst`` is the sync domain's).
+
+    Ports
+    -----
+    start : In(1)
+        Start pulse, sampled only in IDLE: pc, counters and ``halted`` are cleared and FETCH begins.
+    halted : Out(1)
+        Register, set when a HALT is issued.
+    imem_addr : Out(16)
+        The program counter.
+    imem_data : In(128)
+        Program ROM word at ``imem_addr``; must be combinational (sampled at the end of FETCH).
+    req_valid, req_addr : Out(1), Out(16)
+        External read request, straight from the LD unit (the DMA).
+    resp_valid, resp_data : In(1), In(32)
+        External read response, LAT cycles after the request.
+    wr_valid, wr_addr, wr_data : Out(1), Out(16), Out(32)
+        External write, straight from the ST unit.
+    cyc_total, cyc_mm, cyc_dma, cyc_vec, n_inst : Out(32)
+        Counters: all cycles from the first FETCH to the HALT's ISSUE, WAIT cycles of MM, of LD/ST,
+        of every other opcode (illegal ones included), and completed non-HALT instructions.
+
+    Attributes
+    ----------
+    scratchpad : Scratchpad
+        The 4096 x 32 scratchpad (its ``.memory`` can be read and written by a simulator).
+    """
+
+    start:      In(1)
+    halted:     Out(1)
+    imem_addr:  Out(16)
+    imem_data:  In(128)
+    req_valid:  Out(1)
+    req_addr:   Out(16)
+    resp_valid: In(1)
+    resp_data:  In(32)
+    wr_valid:   Out(1)
+    wr_addr:    Out(16)
+    wr_data:    Out(32)
+    cyc_total:  Out(32)
+    cyc_mm:     Out(32)
+    cyc_dma:    Out(32)
+    cyc_vec:    Out(32)
+    n_inst:     Out(32)
+
+    def __init__(self):
+        self.scratchpad = Scratchpad(depth=4096, width=32)
+        super().__init__()
+
+    def elaborate(self, platform):
+        m = Module()
+        m.submodules.scratchpad = sp = self.scratchpad
+        m.submodules.ld = ld = DMA(aw=12, xw=16)
+        units = {
+            Op.ST: StoreUnit(),
+            Op.MM: MatrixUnit(),
+            Op.RQ: RequantUnit(),
+            Op.SM: SoftmaxUnit(),
+            Op.VADD: VaddUnit(),
+            Op.AMAX: ArgmaxUnit(),
+            Op.UNPACK: UnpackUnit(),
+        }
+        for op, unit in units.items():
+            m.submodules[op.name.lower()] = unit
+
+        st = Signal(SeqState)
+        pc = Signal(16)
+        ins = Signal(128)
+        cur = Signal(4, init=CUR_NONE)
+        opcode = ins[124:128]
+        go = Signal()
+        m.d.comb += [go.eq(st == SeqState.ISSUE), self.imem_addr.eq(pc)]
+
+        # ---- units: the instruction register goes to everyone, `start` only to the named unit ----
+        for op, unit in units.items():
+            m.d.comb += [
+                unit.ins.eq(ins),
+                unit.start.eq(go & (opcode == op)),
+                unit.sp_rd.eq(sp.rdata),
+            ]
+
+        def ld_field(name):
+            hi, lo = HW_OPERANDS[Op.LD][name]
+            return ins[lo:hi + 1]
+
+        m.d.comb += [
+            ld.start.eq(go & (opcode == Op.LD)),
+            ld.dst.eq(ld_field("dst")),
+            ld.src.eq(ld_field("src")),
+            ld.length.eq(ld_field("len")),
+            self.req_valid.eq(ld.req_valid),
+            self.req_addr.eq(ld.req_addr),
+            ld.resp_valid.eq(self.resp_valid),
+            ld.resp_data.eq(self.resp_data),
+        ]
+        store = units[Op.ST]
+        m.d.comb += [
+            self.wr_valid.eq(store.wr_valid),
+            self.wr_addr.eq(store.wr_addr),
+            self.wr_data.eq(store.wr_data),
+        ]
+
+        # ---- scratchpad ownership by `cur` (spec 2.3) ----
+        amax = units[Op.AMAX]
+        m.d.comb += [sp.raddr.eq(0), sp.we.eq(0), sp.waddr.eq(amax.wa), sp.wdata.eq(amax.wd)]
+        done = Signal()
+        with m.Switch(cur):
+            with m.Case(Op.LD):
+                m.d.comb += [sp.we.eq(ld.we), sp.waddr.eq(ld.wa), sp.wdata.eq(ld.wd), done.eq(ld.done)]
+            with m.Case(Op.ST):
+                m.d.comb += [sp.raddr.eq(store.ra), done.eq(store.done)]
+            for op in (Op.MM, Op.RQ, Op.SM, Op.VADD, Op.AMAX, Op.UNPACK):
+                unit = units[op]
+                with m.Case(op):
+                    m.d.comb += [sp.raddr.eq(unit.ra), sp.we.eq(unit.we), done.eq(unit.done)]
+                    if op != Op.AMAX:
+                        m.d.comb += [sp.waddr.eq(unit.wa), sp.wdata.eq(unit.wd)]
+
+        # ---- sequencer (spec 2.2) ----
+        with m.Switch(st):
+            with m.Case(SeqState.IDLE):
+                with m.If(self.start):
+                    m.d.sync += [
+                        pc.eq(0), st.eq(SeqState.FETCH), self.halted.eq(0),
+                        self.cyc_total.eq(0), self.cyc_mm.eq(0), self.cyc_dma.eq(0),
+                        self.cyc_vec.eq(0), self.n_inst.eq(0),
+                    ]
+            with m.Case(SeqState.FETCH):
+                m.d.sync += [ins.eq(self.imem_data), self.cyc_total.eq(self.cyc_total + 1),
+                             st.eq(SeqState.ISSUE)]
+            with m.Case(SeqState.ISSUE):
+                m.d.sync += self.cyc_total.eq(self.cyc_total + 1)
+                with m.If(opcode == Op.HALT):
+                    m.d.sync += [st.eq(SeqState.HALT), self.halted.eq(1), cur.eq(CUR_NONE)]
+                with m.Else():
+                    m.d.sync += [st.eq(SeqState.WAIT), cur.eq(opcode)]
+            with m.Case(SeqState.WAIT):
+                m.d.sync += self.cyc_total.eq(self.cyc_total + 1)
+                with m.If(cur == Op.MM):
+                    m.d.sync += self.cyc_mm.eq(self.cyc_mm + 1)
+                with m.Elif((cur == Op.LD) | (cur == Op.ST)):
+                    m.d.sync += self.cyc_dma.eq(self.cyc_dma + 1)
+                with m.Else():
+                    m.d.sync += self.cyc_vec.eq(self.cyc_vec + 1)
+                with m.If(done):
+                    m.d.sync += [pc.eq(pc + 1), self.n_inst.eq(self.n_inst + 1),
+                                 cur.eq(CUR_NONE), st.eq(SeqState.FETCH)]
+            # HALT: nothing until rst.
+        return m

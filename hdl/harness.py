@@ -1,0 +1,122 @@
+"""ChipHarness: the GA-2 chip, its program ROM and the external memory model in one design.
+
+Run protocol: reset for one edge, load ROM and ext (backdoor ports or the Memories directly), pulse
+`start` for one edge, clock until `halted`, then read the counters and ext (backdoor or Memory).
+"""
+
+from amaranth.hdl import Module
+from amaranth.lib import wiring
+from amaranth.lib.memory import Memory
+from amaranth.lib.wiring import In, Out
+
+from .chip import GA2
+from .extmem import ExtMemory
+
+__all__ = ["ChipHarness"]
+
+
+class ChipHarness(wiring.Component):
+    """GA-2 + 256 x 128 program ROM (combinational read) + `ExtMemory`.
+
+    Parameters
+    ----------
+    ext_words : int
+        External memory size EXT (2048 for the book's suites, 8192 for the decode).
+    lat : int
+        External read latency LAT.
+    rom_words : int
+        Program ROM depth; the chip's ``imem_addr`` is taken modulo it (the book's ROM: 256).
+
+    Ports
+    -----
+    start : In(1)
+        Start pulse (sampled by the chip only in IDLE).
+    halted : Out(1)
+        High once a HALT has been issued.
+    cyc_total, cyc_mm, cyc_dma, cyc_vec, n_inst : Out(32)
+        The chip's counters.
+    rom_we, rom_addr, rom_wdata : In(1), In(8), In(128)
+        Backdoor ROM write (before ``start``).
+    ext_we, ext_addr, ext_wdata : In(1), In(16), In(32)
+        Backdoor external-memory write (before ``start``; the chip's own writes take priority).
+    ext_rdata : Out(32)
+        Combinational read of external memory at ``ext_addr``.
+
+    Attributes
+    ----------
+    chip : GA2
+    rom : amaranth.lib.memory.Memory
+    ext : amaranth.lib.memory.Memory
+        The external memory's storage (``extmem.memory``).
+    extmem : ExtMemory
+    """
+
+    start:     In(1)
+    halted:    Out(1)
+    cyc_total: Out(32)
+    cyc_mm:    Out(32)
+    cyc_dma:   Out(32)
+    cyc_vec:   Out(32)
+    n_inst:    Out(32)
+    rom_we:    In(1)
+    rom_addr:  In(8)
+    rom_wdata: In(128)
+    ext_we:    In(1)
+    ext_addr:  In(16)
+    ext_wdata: In(32)
+    ext_rdata: Out(32)
+
+    def __init__(self, ext_words=8192, lat=8, rom_words=256):
+        if not isinstance(rom_words, int) or rom_words < 1 or rom_words & (rom_words - 1):
+            raise ValueError(f"rom_words must be a power of two, not {rom_words!r}")
+        if rom_words > 256:
+            raise ValueError(f"rom_words = {rom_words}: the backdoor ROM address has 8 bits (at most 256)")
+        self.chip = GA2()
+        self.extmem = ExtMemory(ext_words, lat)
+        self.ext = self.extmem.memory
+        self.rom = Memory(shape=128, depth=rom_words, init=[])
+        self._rom_bits = max(1, (rom_words - 1).bit_length())
+        super().__init__()
+
+    def elaborate(self, platform):
+        m = Module()
+        m.submodules.chip = chip = self.chip
+        m.submodules.extmem = ext = self.extmem
+        m.submodules.rom = rom = self.rom
+
+        fetch = rom.read_port(domain="comb")
+        m.d.comb += [
+            fetch.addr.eq(chip.imem_addr[:self._rom_bits]),
+            chip.imem_data.eq(fetch.data),
+        ]
+        load = rom.write_port()
+        m.d.comb += [
+            load.en.eq(self.rom_we),
+            load.addr.eq(self.rom_addr[:self._rom_bits]),
+            load.data.eq(self.rom_wdata),
+        ]
+
+        m.d.comb += [
+            ext.req_valid.eq(chip.req_valid),
+            ext.req_addr.eq(chip.req_addr),
+            chip.resp_valid.eq(ext.resp_valid),
+            chip.resp_data.eq(ext.resp_data),
+            ext.wr_valid.eq(chip.wr_valid),
+            ext.wr_addr.eq(chip.wr_addr),
+            ext.wr_data.eq(chip.wr_data),
+            ext.bd_we.eq(self.ext_we),
+            ext.bd_addr.eq(self.ext_addr),
+            ext.bd_wdata.eq(self.ext_wdata),
+            self.ext_rdata.eq(ext.bd_rdata),
+        ]
+
+        m.d.comb += [
+            chip.start.eq(self.start),
+            self.halted.eq(chip.halted),
+            self.cyc_total.eq(chip.cyc_total),
+            self.cyc_mm.eq(chip.cyc_mm),
+            self.cyc_dma.eq(chip.cyc_dma),
+            self.cyc_vec.eq(chip.cyc_vec),
+            self.n_inst.eq(chip.n_inst),
+        ]
+        return m
