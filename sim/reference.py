@@ -1,0 +1,275 @@
+"""The reference machine: GA-2 executed one instruction at a time in plain Python (the oracle).
+
+Contract: the final external memory and the five counters equal the chip's bit for bit; each
+instruction costs ``2 + hdl.isa.busy_cycles`` cycles (HALT 2), so the counters need no cycle loop.
+Operands are the bits the hardware reads (``hdl.isa.operands``), arithmetic is ``hdl.arith``, and the
+order of scratchpad reads and writes inside a unit follows its pipeline (hardware spec 4), so even a
+legal-but-odd program (partially overlapping RQ/VADD/SM operands) gives what the chip gives.
+
+Program ROM: the chip fetches ``rom[pc & 255]`` from a 256-entry ROM whose unused entries are zero.
+This machine mirrors it: a program that does not end with a HALT runs into a zero word (a HALT) at
+``pc = len(program)``, and a full 256-word program without HALT wraps to ``pc & 255`` and eventually
+runs out of cycles. Instructions are validated only when they are executed (words after the HALT are
+never fetched by the chip either).
+"""
+from __future__ import annotations
+
+from hdl.arith import (EXP_TABLE, SOFTMAX_NUM, argmax_first, divu, requant, s8, softmax_q16,
+                       unpack_word, vadd_sat)
+from hdl.isa import ROM_WORDS, SPAD_WORDS, Instr, IsaError, Op, busy_cycles, encode, operands, validate
+
+from sim.backend import MAX_CYCLES, Backend, DidNotHalt, RunResult, SimError, TraceEntry
+
+__all__ = ["ReferenceMachine", "IllegalInstruction", "BadInput"]
+
+_SP = SPAD_WORDS - 1        # scratchpad addresses wrap at 12 bits
+_XA = 0xFFFF                # external addresses wrap at 16 bits
+_W = 0xFFFFFFFF
+_DEADBEEF = 0xDEADBEEF      # what the memory model answers past its end (hardware spec 6.3)
+
+# cycle-counter class of each opcode (hardware spec 2.2): index into the counter list
+_CLASS = {Op.LD: 2, Op.ST: 2, Op.MM: 1}
+
+
+class IllegalInstruction(SimError):
+    """An executed instruction has a field the chip cannot run as intended (message names pc and field)."""
+
+
+class BadInput(SimError):
+    """The program, image or latency given to `run` is not something the chip can be loaded with."""
+
+
+class ReferenceMachine(Backend):
+    """Instruction-level model of the GA-2 chip.
+
+    Parameters
+    ----------
+    max_cycles : int
+        A run whose cyc_total would pass this raises `DidNotHalt` (the book's testbench gives up
+        after 100,000 cycles).
+    trace : bool
+        When true, `run` returns one `TraceEntry` per executed instruction, HALT included (its
+        ``done`` equals its ``issue``: HALT has no WAIT cycle).
+    check : bool
+        When true (the default) every executed instruction goes through ``hdl.isa.validate`` and an
+        illegal one raises `IllegalInstruction`. When false the machine does what the hardware does:
+        addresses wrap, external reads past the end give 0xDEADBEEF, writes past the end are
+        dropped, and a zero length or M/K/N hangs (`DidNotHalt`).
+
+    Attributes
+    ----------
+    spad : list of int
+        The scratchpad after the last `run` (4096 unsigned words), for debugging and tests; the
+        book's testbench never compares it.
+    """
+    name = "reference"
+
+    def __init__(self, max_cycles: int = MAX_CYCLES, trace: bool = False, check: bool = True):
+        if not isinstance(max_cycles, int) or max_cycles < 1:
+            raise BadInput(f"max_cycles = {max_cycles!r} must be a positive integer")
+        self.max_cycles = max_cycles
+        self.trace = trace
+        self.check = check
+        self.spad: list[int] = [0] * SPAD_WORDS
+
+    # ---- inputs ------------------------------------------------------------------------------
+
+    @staticmethod
+    def _program_words(program) -> list[int]:
+        words = []
+        for i, w in enumerate(program):
+            if isinstance(w, Instr):
+                w = encode(w)
+            if isinstance(w, bool) or not isinstance(w, int) or not 0 <= w < (1 << 128):
+                raise BadInput(f"program word {i} = {w!r} is not a 128-bit unsigned integer or Instr")
+            words.append(w)
+        if len(words) > ROM_WORDS:
+            raise BadInput(f"the program has {len(words)} instructions; the program ROM holds {ROM_WORDS}")
+        return words
+
+    @staticmethod
+    def _image_words(image) -> list[int]:
+        ext = list(image)
+        for i, w in enumerate(ext):
+            if isinstance(w, bool) or not isinstance(w, int) or not -(1 << 31) <= w < (1 << 32):
+                raise BadInput(f"external word {i} = {w!r} is not a 32-bit value")
+        # signed words are accepted for convenience and stored as the chip stores them
+        return [w & _W for w in ext]
+
+    # ---- the run -----------------------------------------------------------------------------
+
+    def run(self, program, image, lat: int = 8) -> RunResult:
+        """Run `program` on a copy of `image` with external read latency `lat`; see the class doc."""
+        if isinstance(lat, bool) or not isinstance(lat, int) or lat < 1:
+            raise BadInput(f"lat = {lat!r} must be an integer >= 1")
+        rom = self._program_words(program)
+        rom += [0] * (ROM_WORDS - len(rom))
+        ext = self._image_words(image)
+        n_ext = len(ext)
+        spad = [0] * SPAD_WORDS
+        self.spad = spad
+        counters = [0, 0, 0, 0, 0]
+        trace = [] if self.trace else None
+        check = self.check
+        limit = self.max_cycles
+        pc = 0
+        while True:
+            word = rom[pc & (ROM_WORDS - 1)]
+            o = operands(word)
+            op = o["op"]
+            fetch = counters[0]
+            if op == Op.HALT:
+                counters[0] += 2
+                if counters[0] > limit:
+                    raise DidNotHalt(f"did not halt within {limit} cycles (pc {pc}: HALT fetched at cycle {fetch})")
+                if trace is not None:
+                    trace.append(TraceEntry(pc, fetch, fetch + 1, fetch + 1))
+                break
+            if op > Op.UNPACK:
+                # no unit answers: the sequencer waits forever while cyc_vec counts
+                raise DidNotHalt(f"did not halt within {limit} cycles (pc {pc}: illegal opcode {op})")
+            if check:
+                try:
+                    validate(word, ext_words=n_ext, index=pc)
+                except IsaError as e:
+                    raise IllegalInstruction(str(e)) from None
+            else:
+                self._hang_check(o, pc, limit)
+            busy = busy_cycles(word, lat)
+            counters[0] += 2 + busy
+            if counters[0] > limit:
+                raise DidNotHalt(f"did not halt within {limit} cycles (pc {pc}: {Op(op).name} "
+                                 f"would end at cycle {counters[0]})")
+            counters[_CLASS.get(op, 3)] += busy
+            counters[4] += 1
+            if trace is not None:
+                trace.append(TraceEntry(pc, fetch, fetch + 1, fetch + 1 + busy))
+            _EXEC[op](o, spad, ext, n_ext)
+            pc = (pc + 1) & 0xFFFF
+        return RunResult(ext=ext, counters=[c & _W for c in counters], trace=trace)
+
+    @staticmethod
+    def _hang_check(o, pc, limit):
+        """Unchecked mode: the cases where the hardware never raises done (hardware spec 3.3)."""
+        op = Op(o["op"])
+        if op == Op.MM:
+            if 0 in (o["M"], o["K"], o["N"]):
+                raise DidNotHalt(f"did not halt within {limit} cycles (pc {pc}: MM with M, K or N = 0)")
+            if o["M"] > 4 or o["N"] > 4 or o["K"] > 64:
+                raise IllegalInstruction(f"instruction {pc} (MM): M={o['M']} K={o['K']} N={o['N']} "
+                                         f"exceeds the 4x4 array / 64-deep operand memories (not modelled)")
+        elif o["len"] == 0:
+            raise DidNotHalt(f"did not halt within {limit} cycles (pc {pc}: {op.name} with len = 0)")
+
+
+# ---- one function per unit: (operands, scratchpad, external memory, EXT) -------------------------
+
+def _ld(o, spad, ext, n_ext):
+    dst, src = o["dst"], o["src"]
+    for k in range(o["len"]):
+        a = (src + k) & _XA
+        spad[(dst + k) & _SP] = ext[a] if a < n_ext else _DEADBEEF
+
+
+def _st(o, spad, ext, n_ext):
+    src, dst = o["src"], o["dst"]
+    for k in range(o["len"]):
+        a = (dst + k) & _XA
+        if a < n_ext:
+            ext[a] = spad[(src + k) & _SP]
+
+
+def _rq(o, spad, ext, n_ext):
+    # element k is read at the edge that writes element k-1: a read sees the writes of elements <= k-2
+    dst, src, n, m, s, relu = o["dst"], o["src"], o["len"], o["m"], o["s"], o["relu"]
+    out = []
+    for k in range(n):
+        if k >= 2:
+            spad[(dst + k - 2) & _SP] = out[k - 2]
+        out.append(requant(spad[(src + k) & _SP], m, s, relu) & _W)
+    for k in range(max(0, n - 2), n):
+        spad[(dst + k) & _SP] = out[k]
+
+
+def _vadd(o, spad, ext, n_ext):
+    # src1[k] is sampled with the writes of elements <= k-2 done, src2[k] with those <= k-1 done
+    dst, s1, s2, n = o["dst"], o["src1"], o["src2"], o["len"]
+    prev = None
+    for k in range(n):
+        x = spad[(s1 + k) & _SP]
+        if prev is not None:
+            spad[(dst + k - 1) & _SP] = prev
+        y = spad[(s2 + k) & _SP]
+        prev = vadd_sat(x, y) & _W
+    spad[(dst + n - 1) & _SP] = prev
+
+
+def _amax(o, spad, ext, n_ext):
+    # the index is written once, after every element has been read
+    src, n = o["src"], o["len"]
+    spad[o["dst"]] = argmax_first([spad[(src + k) & _SP] for k in range(n)])
+
+
+def _sm(o, spad, ext, n_ext):
+    dst, src, n = o["dst"], o["src"], o["len"]
+    xs = [spad[(src + k) & _SP] for k in range(n)]
+    d = (dst - src) & _SP
+    if d == 0 or n <= d <= SPAD_WORDS - n:
+        # in place or disjoint: pass 2 reads exactly the scores pass 1 read
+        p = softmax_q16(xs)
+        for k in range(n):
+            spad[(dst + k) & _SP] = p[k]
+    else:
+        _sm_partial_overlap(dst, src, n, xs, spad)
+
+
+def _sm_partial_overlap(dst, src, n, xs, spad):
+    """SM whose dst partially overlaps src: pass 2 re-reads scores it may already have overwritten.
+
+    Pass 1 only reads (the maximum comes from the clean scores); pass 2 reads element k after the
+    exponentials of elements <= k-2 were written; pass 3 rewrites dst in place, which is exact.
+    """
+    m = max(s8(x) for x in xs)
+    e = []
+    total = 0
+    for k in range(n):
+        if k >= 2:
+            spad[(dst + k - 2) & _SP] = e[k - 2]
+        e.append(EXP_TABLE[(m - s8(spad[(src + k) & _SP])) & 0xFF])
+        total = (total + e[k]) & _W
+    for k in range(max(0, n - 2), n):
+        spad[(dst + k) & _SP] = e[k]
+    r, _ = divu(SOFTMAX_NUM, total, 40)
+    for k in range(n):
+        a = (dst + k) & _SP
+        spad[a] = (((spad[a] & 0xFFFF) * r + (1 << 21)) >> 22) & 0x1FFFF
+
+
+def _unpack(o, spad, ext, n_ext):
+    # word i is read before any nibble of word i is written and after all of word i-1's
+    dst, src = o["dst"], o["src"]
+    for i in range(o["len"]):
+        base = dst + 8 * i
+        for j, v in enumerate(unpack_word(spad[(src + i) & _SP])):
+            spad[(base + j) & _SP] = v & _W
+
+
+def _mm(o, spad, ext, n_ext):
+    # every operand is staged in the operand memories before the first result is written
+    dst, A, B, lda, ldb, ldc = o["dst"], o["A"], o["B"], o["lda"], o["ldb"], o["ldc"]
+    M, K, N, tb = o["M"], o["K"], o["N"], o["tb"]
+    a = [[s8(spad[(A + i * lda + k) & _SP]) for k in range(K)] for i in range(M)]
+    if tb:
+        b = [[s8(spad[(B + j * ldb + k) & _SP]) for k in range(K)] for j in range(N)]
+    else:
+        b = [[s8(spad[(B + k * ldb + j) & _SP]) for k in range(K)] for j in range(N)]
+    for i in range(M):
+        ai = a[i]
+        row = dst + i * ldc
+        for j in range(N):
+            bj = b[j]
+            spad[(row + j) & _SP] = sum(x * y for x, y in zip(ai, bj)) & _W
+
+
+_EXEC = {Op.LD: _ld, Op.ST: _st, Op.MM: _mm, Op.RQ: _rq, Op.SM: _sm, Op.VADD: _vadd,
+         Op.AMAX: _amax, Op.UNPACK: _unpack}
