@@ -1,0 +1,165 @@
+"""Where every tensor lives: scratchpad buffers, their lifetimes, the external layout, the allocator.
+
+Buffers are planned once (model spec 4.5-4.7) and get a scratchpad address lazily, the first time
+emission asks for one, from a first-fit allocator with coalescing (4.8); the allocation order, not
+the buffer ids, decides the addresses.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hdl.isa import SPAD_WORDS
+
+from .graph import CompileError, Graph
+
+__all__ = ["Buffer", "ExtEntry", "Allocator", "plan_buffers", "plan_lifetimes", "plan_external",
+           "packed_words"]
+
+
+def packed_words(node) -> int:
+    """External words of an input/weight/output: one value a word, int4 weights eight a word."""
+    if node.op == "weight" and node.attrs.get("bits", 8) == 4:
+        return -(-node.size // 8)
+    return node.size
+
+
+@dataclass
+class Buffer:
+    """A scratchpad region shared by the nodes located in it.
+
+    Attributes
+    ----------
+    id : int
+        Creation order.
+    words : int
+        Size in words.
+    addr : int or None
+        Scratchpad address while allocated.
+    last_use : int
+        Id of the last node that reads or writes the buffer (-1: never, or already released).
+    """
+    id: int
+    words: int
+    addr: int | None = None
+    last_use: int = -1
+
+
+@dataclass
+class ExtEntry:
+    """One region of external memory: an input, a weight or an output."""
+    name: str
+    address: int
+    shape: tuple
+    node: int
+    kind: str
+    words: int
+
+
+class Allocator:
+    """First-fit allocator with coalescing over the scratchpad (model spec 4.8)."""
+
+    def __init__(self, size: int = SPAD_WORDS):
+        self.size = size
+        self.free = [(0, size)]
+        self.hwm = 0
+
+    def alloc(self, n: int, what: str = "") -> int:
+        for i, (start, size) in enumerate(self.free):
+            if size >= n:
+                if size == n:
+                    del self.free[i]
+                else:
+                    self.free[i] = (start + n, size - n)
+                self.hwm = max(self.hwm, start + n)
+                return start
+        largest = max((s for _, s in self.free), default=0)
+        raise CompileError(f"scratchpad full: {what or 'a buffer'} needs {n} words, the largest free "
+                           f"extent holds {largest} (of {self.size})")
+
+    def release(self, start: int, n: int) -> None:
+        extents = sorted(self.free + [(start, n)])
+        merged = []
+        for s, size in extents:
+            if merged and merged[-1][0] + merged[-1][1] >= s:
+                ps, psize = merged[-1]
+                merged[-1] = (ps, max(ps + psize, s + size) - ps)
+            else:
+                merged.append((s, size))
+        self.free = merged
+
+
+def plan_buffers(graph: Graph):
+    """Return ``(loc, buffers)``: loc[node id] = (buffer id, row offset) or None; buffers by id."""
+    nodes = graph.nodes
+    loc = [None] * len(nodes)
+    buffers: list[Buffer] = []
+
+    def new_buffer(words):
+        buffers.append(Buffer(len(buffers), words))
+        return len(buffers) - 1
+
+    for n in reversed(nodes):
+        if n.op in ("output", "argmax", "slice"):
+            continue
+        if loc[n.id] is None:
+            words = -(-n.size // 8) * 8 if n.op == "weight" and n.attrs.get("bits", 8) == 4 else n.size
+            loc[n.id] = (new_buffer(words), 0)
+        if n.op == "relu":
+            src = nodes[n.ins[0]]
+            if loc[src.id] is not None:
+                raise CompileError(f"{n.label()}: its input {src.label()} is already placed elsewhere")
+            loc[src.id] = loc[n.id]
+        elif n.op == "concat":
+            buf, off = loc[n.id]
+            a, b = nodes[n.ins[0]], nodes[n.ins[1]]
+            for src, o in ((a, off), (b, off + a.rows)):
+                if loc[src.id] is not None:
+                    raise CompileError(f"{n.label()}: its input {src.label()} already lives in another "
+                                       f"buffer (it feeds two concats or a concat and a relu)")
+                loc[src.id] = (buf, o)
+    for n in nodes:
+        if n.op == "slice":
+            src = nodes[n.ins[0]]
+            if any(graph.nodes[c].op in ("concat", "relu") for c in graph.consumers(n.id)):
+                raise CompileError(f"{n.label()}: a slice cannot feed a concat or a relu")
+            if loc[src.id] is None:
+                raise CompileError(f"{n.label()}: its source {src.label()} has no buffer")
+            buf, off = loc[src.id]
+            loc[n.id] = (buf, off + n.attrs["start"])
+    for n in nodes:
+        if n.op == "argmax":
+            loc[n.id] = (new_buffer(n.rows), 0)
+    return loc, buffers
+
+
+def plan_lifetimes(graph: Graph, loc, buffers) -> None:
+    """Set each buffer's last use (model spec 4.6); loads of inputs and weights are not uses."""
+    for n in graph.nodes:
+        if n.op in ("input", "weight"):
+            continue
+        if loc[n.id] is not None:
+            b = buffers[loc[n.id][0]]
+            b.last_use = max(b.last_use, n.id)
+        for i in n.ins:
+            if loc[i] is not None:
+                b = buffers[loc[i][0]]
+                b.last_use = max(b.last_use, n.id)
+
+
+def plan_external(graph: Graph, ext_size: int) -> dict:
+    """The external map: inputs and weights in node order from address 0, then the outputs."""
+    ext = {}
+    addr = 0
+    order = [n for n in graph.nodes if n.op in ("input", "weight")] + \
+            [n for n in graph.nodes if n.op == "output"]
+    for n in order:
+        name = n.attrs["name"]
+        if name in ext:
+            raise CompileError(f"{n.label()}: the external name {name!r} is used twice")
+        kind = n.op
+        words = packed_words(n)
+        ext[name] = ExtEntry(name, addr, n.shape, n.id, kind, words)
+        addr += words
+    if addr > ext_size:
+        raise CompileError(f"external memory too small: the program needs {addr} words, the chip has {ext_size}")
+    return ext

@@ -1,0 +1,252 @@
+"""Lowering a planned graph to GA-2 instructions (model spec 4.9) and the `Program` record (4.10).
+
+One forward pass, node by node: inputs and weights are loaded lazily by their first consumer, every
+matmul becomes 4x4-or-smaller MM tiles into a temporary accumulator and one RQ, buffers are released
+after their last use. The program ends with HALT; its cycle count follows `hdl.isa.busy_cycles`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from hdl import isa
+from hdl.arith import mantissa_shift
+from hdl.isa import Op
+
+from .buffers import Allocator, plan_buffers, plan_external, plan_lifetimes
+from .graph import CompileError, Graph
+from .scales import SOFTMAX_OUT_SCALE, fuse_relus, plan_scales
+
+__all__ = ["Program", "compile_graph", "SOFTMAX_RQ_MULTIPLIER"]
+
+SOFTMAX_RQ_MULTIPLIER = 127 / 65536     # Q0.16 probability -> int8 at scale 1/127
+
+
+@dataclass
+class Program:
+    """A compiled graph: the code, where everything lives, and the quantization plan.
+
+    Attributes
+    ----------
+    code : list of int
+        128-bit instruction words, HALT last.
+    instrs : list of hdl.isa.Instr
+        The same instructions as field records.
+    notes : list of str
+        Per instruction, its role (e.g. ``"node 2 tile j0=4"``).
+    ext_map : dict
+        name -> `ExtEntry` (address, shape, node, kind, words), inputs and weights first.
+    ext_words : int
+        External words used by the program's regions.
+    ext_size : int
+        External memory size the program was checked against.
+    scales : list
+        Real scale per node id (None for argmax nodes).
+    ranges : list
+        Range per node id used for the scales (after overrides).
+    rq_params : dict
+        Requantizer ``(mantissa, shift)`` per matmul/softmax node id and per ``(add id, operand)``.
+    relu_fused : set
+        Ids of the matmuls whose RQ applies the relu.
+    loc, buffers
+        Buffer plan: ``loc[id] = (buffer id, row offset)`` or None; buffers with their sizes.
+    hwm : int
+        Scratchpad high-water mark in words.
+    warnings : list of str
+    """
+    graph: Graph
+    code: list
+    instrs: list
+    notes: list
+    ext_map: dict
+    ext_words: int
+    ext_size: int
+    scales: list
+    ranges: list
+    rq_params: dict
+    relu_fused: set
+    loc: list
+    buffers: list
+    hwm: int
+    warnings: list = field(default_factory=list)
+
+    def cycles(self, lat: int = 8) -> list:
+        """Per instruction, fetch/issue plus busy cycles of the cycle model (HALT: 2)."""
+        return [2 + isa.busy_cycles(w, lat) for w in self.code]
+
+    def counters(self, lat: int = 8) -> list:
+        """The five counters ``[total, mm, dma, vec, instructions]`` the cycle model predicts."""
+        mm = dma = vec = 0
+        for w in self.code:
+            op = isa.operands(w)["op"]
+            b = isa.busy_cycles(w, lat)
+            if op == Op.MM:
+                mm += b
+            elif op in (Op.LD, Op.ST):
+                dma += b
+            elif op != Op.HALT:
+                vec += b
+        return [sum(self.cycles(lat)), mm, dma, vec, len(self.code) - 1]
+
+    def listing(self) -> str:
+        """The program as text: index, assembly, role, cycles."""
+        cyc = self.cycles()
+        return "\n".join(f"{i:3d}  {isa.describe(w):70s} {self.notes[i]:40s} {cyc[i]:5d}"
+                         for i, w in enumerate(self.code))
+
+
+def _mshift(M, what):
+    try:
+        return mantissa_shift(M)
+    except ValueError as e:
+        raise CompileError(f"{what}: {e}") from None
+
+
+def compile_graph(graph: Graph, calib_samples, ranges=None, ext_words: int = 8192, reuse: bool = True) -> Program:
+    """Compile `graph` for the GA-2 chip.
+
+    Parameters
+    ----------
+    graph : Graph
+    calib_samples : list of dict
+        Input sets (name -> 2-D list) whose float evaluation gives every node's range.
+    ranges : dict, optional
+        Tag -> range overriding the calibrated range of every node with that tag.
+    ext_words : int
+        Size of the chip's external memory (8192 words).
+    reuse : bool
+        Release buffers after their last use (the default); temporaries are released either way.
+
+    Raises
+    ------
+    CompileError
+        Naming the node and the shapes or sizes that do not fit.
+    """
+    if not isinstance(graph, Graph) or not graph.nodes:
+        raise CompileError("compile_graph needs a non-empty Graph")
+    nodes = graph.nodes
+    relu_fused = fuse_relus(graph)
+    scale, rng, warnings = plan_scales(graph, calib_samples, ranges)
+    loc, buffers = plan_buffers(graph)
+    plan_lifetimes(graph, loc, buffers)
+    ext = plan_external(graph, ext_words)
+
+    spad = Allocator()
+    instrs, notes = [], []
+    rq_params = {}
+    loaded = set()
+
+    def emit(ins, note):
+        instrs.append(ins)
+        notes.append(note)
+
+    def addr_of(nid):
+        if loc[nid] is None:
+            raise CompileError(f"{nodes[nid].label()} has no scratchpad buffer")
+        b = buffers[loc[nid][0]]
+        if b.addr is None:
+            b.addr = spad.alloc(b.words, nodes[nid].label())
+        return b.addr + loc[nid][1] * nodes[nid].cols
+
+    def temp(n, why):
+        return spad.alloc(n, f"the temporary of {why}")
+
+    def ensure(nid):
+        n = nodes[nid]
+        if n.op in ("input", "weight") and nid not in loaded:
+            dst = addr_of(nid)
+            e = ext[n.attrs["name"]]
+            if n.op == "weight" and n.attrs.get("bits", 8) == 4:
+                t = temp(e.words, n.label())
+                emit(isa.ld(t, e.address, e.words), f"load {e.name} (packed)")
+                emit(isa.unpack(dst, t, e.words), f"unpack {e.name}")
+                spad.release(t, e.words)
+            else:
+                emit(isa.ld(dst, e.address, n.size), f"load {e.name}")
+            loaded.add(nid)
+        return addr_of(nid)
+
+    for n in nodes:
+        op = n.op
+        if op in ("input", "weight"):
+            continue
+        if op in ("concat", "relu", "slice"):
+            for i in n.ins:
+                ensure(i)
+            addr_of(n.id)
+            continue
+        srcs = [ensure(i) for i in n.ins]
+        if op == "matmul":
+            A, B = nodes[n.ins[0]], nodes[n.ins[1]]
+            m, k = A.shape
+            nn = n.cols
+            tb = n.attrs["transpose_b"]
+            if k > isa.MM_MAX_K:
+                raise CompileError(f"{n.label()}: inner dimension {k} of {A.label()} exceeds the matrix "
+                                   f"unit's {isa.MM_MAX_K}")
+            out = addr_of(n.id)
+            acc = temp(m * nn, n.label())
+            for i0 in range(0, m, isa.MM_MAX_MN):
+                for j0 in range(0, nn, isa.MM_MAX_MN):
+                    emit(isa.mm(acc + i0 * nn + j0, srcs[0] + i0 * k, srcs[1] + (j0 * k if tb else j0),
+                                min(4, m - i0), k, min(4, nn - j0), lda=k, ldb=k if tb else nn, ldc=nn,
+                                tb=int(tb)),
+                         f"node {n.id} tile " + (f"i0={i0} " if m > isa.MM_MAX_MN else "") + f"j0={j0}")
+            M = n.attrs["scale"] * scale[A.id] * scale[B.id] / scale[n.id]
+            mant, sh = _mshift(M, f"{n.label()} requantizer")
+            rq_params[n.id] = (mant, sh)
+            emit(isa.rq(out, acc, m * nn, mant, sh, int(n.id in relu_fused)), f"node {n.id} requant")
+            spad.release(acc, m * nn)
+        elif op == "softmax":
+            m, nn = n.shape
+            out = addr_of(n.id)
+            t = temp(m * nn, n.label())
+            for r in range(m):
+                emit(isa.sm(t + r * nn, srcs[0] + r * nn, nn), f"node {n.id} softmax row {r}")
+            mant, sh = _mshift(SOFTMAX_RQ_MULTIPLIER, f"{n.label()} requantizer")
+            rq_params[n.id] = (mant, sh)
+            emit(isa.rq(out, t, m * nn, mant, sh, 0), f"node {n.id} Q0.16->int8")
+            spad.release(t, m * nn)
+        elif op == "add":
+            size = n.size
+            operands, temps = [], []
+            for j, (i, a) in enumerate(zip(n.ins, srcs)):
+                ratio = scale[i] / scale[n.id]
+                if abs(ratio - 1) < 1e-9:
+                    operands.append(a)
+                    continue
+                t = temp(size, n.label())
+                mant, sh = _mshift(ratio, f"{n.label()} rescale of operand {j}")
+                rq_params[(n.id, j)] = (mant, sh)
+                emit(isa.rq(t, a, size, mant, sh, 0), f"node {n.id} rescale operand {j} (node {i})")
+                operands.append(t)
+                temps.append(t)
+            emit(isa.vadd(addr_of(n.id), operands[0], operands[1], size), f"node {n.id} add")
+            for t in temps:
+                spad.release(t, size)
+        elif op == "argmax":
+            m, nn = nodes[n.ins[0]].shape
+            out = addr_of(n.id)
+            for r in range(m):
+                emit(isa.amax(out + r, srcs[0] + r * nn, nn), f"node {n.id} argmax row {r}")
+        elif op == "output":
+            e = ext[n.attrs["name"]]
+            emit(isa.st(srcs[0], e.address, n.size), f"store {e.name}")
+        else:  # pragma: no cover
+            raise CompileError(f"{n.label()}: cannot lower this operation")
+        if reuse:
+            for b in buffers:
+                if b.last_use == n.id and b.addr is not None:
+                    spad.release(b.addr, b.words)
+                    b.addr = None
+                    b.last_use = -1
+    emit(isa.halt(), "halt")
+
+    code = [isa.encode(i) for i in instrs]
+    try:
+        isa.validate_program(code, ext_words)
+    except isa.IsaError as e:
+        raise CompileError(f"the emitted program is not legal for the chip: {e}") from None
+    return Program(graph=graph, code=code, instrs=instrs, notes=notes, ext_map=ext,
+                   ext_words=sum(e.words for e in ext.values()), ext_size=ext_words, scales=scale,
+                   ranges=rng, rq_params=rq_params, relu_fused=relu_fused, loc=loc, buffers=buffers,
+                   hwm=spad.hwm, warnings=warnings)
