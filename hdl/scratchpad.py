@@ -1,0 +1,82 @@
+"""The scratchpad: 4096 x 32 bits, one write port, one synchronous NON-transparent read port (spec 5.1, 2.4).
+
+The address presented in cycle c is sampled at the end of c and its data is visible in c+1; a write to
+the same address at that edge is not seen (the old word comes out). The read register has no enable.
+"""
+from amaranth.hdl import Module
+from amaranth.lib import wiring
+from amaranth.lib.memory import Memory
+from amaranth.lib.wiring import In, Out
+
+from hdl._checks import check_int, check_pow2
+
+__all__ = ["Scratchpad"]
+
+
+class Scratchpad(wiring.Component):
+    """Single-port-write, single-port-read word memory with a registered, read-before-write output.
+
+    Parameters
+    ----------
+    depth : int
+        Number of words, a power of two (4096 on the chip). Addresses are log2(depth) bits.
+    width : int
+        Bits per word (32 on the chip), at least 1.
+
+    Ports
+    -----
+    raddr : In(log2(depth))
+        Read address, sampled at the closing edge.
+    rdata : Out(width)
+        The word at the raddr of the previous cycle (contents before that edge's write).
+    we : In(1)
+        Write enable.
+    waddr : In(log2(depth))
+    wdata : In(width)
+
+    Attributes
+    ----------
+    memory : amaranth.lib.memory.Memory
+        The storage; simulators load and inspect it with ``ctx.set/ctx.get(memory.data[i])``.
+
+    Raises
+    ------
+    TypeError, ValueError
+        If `depth` is not an integer power of two of at least 2 or `width` not a positive integer.
+    """
+
+    def __init__(self, depth=4096, width=32):
+        aw = check_pow2(self, "depth", depth)
+        check_int(self, "width", width, 1)
+        self._depth, self._width = depth, width
+        super().__init__({
+            "raddr": In(aw),
+            "rdata": Out(width),
+            "we":    In(1),
+            "waddr": In(aw),
+            "wdata": In(width),
+        })
+        self.memory = Memory(shape=width, depth=depth, init=[])
+
+    @property
+    def depth(self):
+        return self._depth
+
+    @property
+    def width(self):
+        return self._width
+
+    def elaborate(self, platform):
+        m = Module()
+        m.submodules.memory = self.memory
+        wr = self.memory.write_port()
+        # transparent_for=() : the read port does not forward the same-edge write (read-before-write).
+        rd = self.memory.read_port(transparent_for=())
+        m.d.comb += [
+            wr.en.eq(self.we),
+            wr.addr.eq(self.waddr),
+            wr.data.eq(self.wdata),
+            rd.addr.eq(self.raddr),
+            self.rdata.eq(rd.data),
+        ]
+        return m
