@@ -1,0 +1,154 @@
+"""SM, the chip's softmax unit (hardware spec 4.6): Q0.16 probabilities of len int8 scores.
+
+Timing: start is sampled at E0; P1 (len+1 cycles) finds the max, P2 (len+1) writes e = T[max - x] to dst
+and sums it, DIVS (1) starts the 40-bit divider on 2^38 / sum, WAITD (42) waits for it, P3 (len+1) reads e
+back from dst and writes (e*r + 2^21) >> 22 over it; done is high in W_B with B = 3*len + 47.
+"""
+from amaranth.hdl import Module, Mux, Signal, signed
+from amaranth.lib import wiring
+from amaranth.lib.wiring import In, Out
+
+from hdl.divider import Divider
+from hdl.exp_lut import ExpTable
+from hdl.isa import HW_OPERANDS, Op
+
+__all__ = ["SoftmaxUnit"]
+
+DIV_WIDTH = 40
+RECIP_NUM = 1 << 38     # the divider's constant numerator: r = floor(2^38 / sum)
+
+
+def _operand(ins, name):
+    hi, lo = HW_OPERANDS[Op.SM][name]
+    return ins[lo:hi + 1]
+
+
+class SoftmaxUnit(wiring.Component):
+    """The SM unit: three passes over the scores with one division between the second and the third.
+
+    Operands (latched at E0 from ``ins``): dst, src, len, with the bit positions of
+    ``hdl.isa.HW_OPERANDS[Op.SM]``. dst may equal src (in-place): element k+1 is read in the cycle
+    element k is written. The e values live in dst between P2 and P3.
+
+    Attributes
+    ----------
+    start : In(1)
+        One-cycle pulse in the sequencer's ISSUE cycle; sampled when the unit is not busy.
+    ins : In(128)
+        The instruction register.
+    busy : Out(1)
+        High from E0 until the last P3 edge.
+    done : Out(1)
+        Registered one-cycle pulse, in cycle W_B.
+    ra : Out(12)
+        Scratchpad read address: src+i in P1 and P2, dst+i in P3.
+    sp_rd : In(32)
+        The scratchpad's registered read data.
+    we, wa, wd : Out(1), Out(12), Out(32)
+        Scratchpad write port: e in P2, the probability in P3, both at dst+j.
+    """
+
+    start: In(1)
+    ins:   In(128)
+    busy:  Out(1)
+    done:  Out(1)
+    ra:    Out(12)
+    sp_rd: In(32)
+    we:    Out(1)
+    wa:    Out(12)
+    wd:    Out(32)
+
+    def elaborate(self, platform):
+        m = Module()
+
+        m.submodules.exp = exp = ExpTable()
+        m.submodules.div = div = Divider(DIV_WIDTH)
+
+        src = Signal(12)
+        dst = Signal(12)
+        length = Signal(12)
+        i = Signal(12)          # next element to read
+        j = Signal(12)          # element whose data is in sp_rd when v is set
+        v = Signal()
+        mx = Signal(signed(8))
+        total = Signal(32)
+        r = Signal(DIV_WIDTH)
+        d_start = Signal()
+
+        x = self.sp_rd[:8].as_signed()
+        # m - x as 9-bit signed, taken to 8 bits: the table index (0..255 whenever m >= x).
+        m.d.comb += exp.d.eq((mx - x)[:8])
+        scaled = ((self.sp_rd[:16] * r) + (1 << 21))[22:39]
+
+        m.d.comb += [
+            div.start.eq(d_start),
+            div.num.eq(RECIP_NUM),
+            div.den.eq(total),
+            self.wa.eq(dst + j),
+            self.ra.eq(src + i),        # dst + i in P3
+            self.wd.eq(scaled),         # e in P2
+        ]
+        m.d.sync += [self.done.eq(0), d_start.eq(0)]
+
+        def stream(action, last):
+            # The read skeleton shared by the passes: address i now, its data (index j) next cycle.
+            m.d.sync += v.eq(i < length)
+            with m.If(i < length):
+                m.d.sync += i.eq(i + 1)
+            with m.If(v):
+                action()
+                m.d.sync += j.eq(j + 1)
+                with m.If(j == length - 1):
+                    m.d.sync += [v.eq(0), i.eq(0), j.eq(0)]
+                    last()
+
+        with m.FSM(name="sm_state"):
+            with m.State("IDLE"):
+                with m.If(self.start):
+                    m.d.sync += [
+                        src.eq(_operand(self.ins, "src")),
+                        dst.eq(_operand(self.ins, "dst")),
+                        length.eq(_operand(self.ins, "len")),
+                        i.eq(0), j.eq(0), v.eq(0),
+                        mx.eq(-128), total.eq(0),
+                        self.busy.eq(1),
+                    ]
+                    m.next = "P1"
+
+            with m.State("P1"):
+                def keep_max():
+                    with m.If(x > mx):
+                        m.d.sync += mx.eq(x)
+
+                def to_p2():
+                    m.next = "P2"
+                stream(keep_max, to_p2)
+
+            with m.State("P2"):
+                m.d.comb += [self.we.eq(v), self.wd.eq(exp.e)]
+
+                def accumulate():
+                    m.d.sync += total.eq(total + exp.e)
+
+                def to_divs():
+                    m.next = "DIVS"
+                stream(accumulate, to_divs)
+
+            with m.State("DIVS"):
+                m.d.sync += d_start.eq(1)
+                m.next = "WAITD"
+
+            with m.State("WAITD"):
+                with m.If(div.done):
+                    m.d.sync += r.eq(div.quot)
+                    m.next = "P3"
+
+            with m.State("P3"):
+                m.d.comb += [self.ra.eq(dst + i), self.we.eq(v), self.wd.eq(scaled)]
+
+                def finish():
+                    m.d.sync += [self.busy.eq(0), self.done.eq(1)]
+                    m.next = "IDLE"
+                stream(lambda: None, finish)
+
+        return m

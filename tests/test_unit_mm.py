@@ -1,0 +1,149 @@
+"""MatrixUnit (hardware spec 4.7) against a plain-Python model of MM, cycle counts and port timing.
+
+The scratchpad starts as random 32-bit words (so every operand has junk above bit 7); each instruction's
+expected memory is the model's, applied to a Python mirror, and the whole scratchpad is compared.
+"""
+import random
+
+import pytest
+
+from hdl.arith import s8, s32, u32
+from hdl.isa import mm, operands
+from hdl.unit_mm import MatrixUnit
+from tests.unitbench import SPAD_DEPTH, simulate
+
+
+def busy_time(M, K, N):
+    # Hardware spec 4.7: LA M*K+2, LB K*N+2, PRE 1, RUN K+M+N-2, OUT M*N, FIN 1, done cycle 1.
+    return (M * K + 2) + (K * N + 2) + 1 + (K + M + N - 2) + M * N + 1 + 1
+
+
+def mm_model(mem, word):
+    """The writes of one MM, in order, as a list of (address, unsigned word); `mem` is not changed."""
+    o = operands(word)
+    M, K, N, tb = o["M"], o["K"], o["N"], o["tb"]
+    A = [[s8(mem[(o["A"] + r * o["lda"] + k) % SPAD_DEPTH]) for k in range(K)] for r in range(M)]
+    if tb:
+        B = [[s8(mem[(o["B"] + n * o["ldb"] + k) % SPAD_DEPTH]) for n in range(N)] for k in range(K)]
+    else:
+        B = [[s8(mem[(o["B"] + k * o["ldb"] + n) % SPAD_DEPTH]) for n in range(N)] for k in range(K)]
+    writes = []
+    for r in range(M):
+        for n in range(N):
+            c = s32(sum(A[r][k] * B[k][n] for k in range(K)))
+            writes.append(((o["dst"] + r * o["ldc"] + n) % SPAD_DEPTH, u32(c)))
+    return writes
+
+
+def random_mm(rng, M, K, N, tb):
+    """An MM with random bases and strides; strides are usually the packed ones, sometimes anything."""
+    def stride(packed):
+        return packed if rng.random() < 0.5 else rng.randrange(SPAD_DEPTH)
+    lda = stride(K)
+    ldb = stride(K if tb else N)
+    ldc = stride(N)
+    pick = rng.random()
+    a = rng.randrange(SPAD_DEPTH)
+    b = rng.randrange(SPAD_DEPTH)
+    dst = rng.randrange(SPAD_DEPTH)
+    if pick < 0.15:
+        dst = a                         # result over A
+    elif pick < 0.3:
+        dst = b                         # result over B
+    elif pick < 0.4:
+        b = a                           # A and B share one region
+    return mm(dst, a, b, M, K, N, lda=lda, ldb=ldb, ldc=ldc, tb=tb).word
+
+
+def run_cases(words, *, seed, trace=False):
+    """Run the MM words back to back on one scratchpad; return [(word, B, trace, ok)] after checking."""
+    rng = random.Random(seed)
+    background = [rng.getrandbits(32) for _ in range(SPAD_DEPTH)]
+
+    async def bench_fn(ctx, bench):
+        bench.fill(ctx, background)
+        mirror = list(background)
+        await bench.idle(ctx, 2)
+        results = []
+        for word in words:
+            writes = mm_model(mirror, word)
+            b, cycles = await bench.issue(ctx, word, trace=trace)
+            for addr, value in writes:
+                mirror[addr] = value
+            got = bench.dump(ctx)
+            bad = [a for a in range(SPAD_DEPTH) if got[a] != mirror[a]]
+            assert not bad, (f"{word:#034x}: {len(bad)} words differ, first at {bad[0]}: "
+                             f"got {got[bad[0]]:#x}, want {mirror[bad[0]]:#x}")
+            await bench.idle(ctx, 1)
+            results.append((word, b, cycles, writes))
+        return results
+
+    return simulate(MatrixUnit(), bench_fn)
+
+
+# R4 of the hardware spec: single-MM busy times.
+R4 = [
+    (dict(M=1, K=1, N=1), 11),
+    (dict(M=1, K=4, N=4), 38),
+    (dict(M=4, K=8, N=4), 101),
+    (dict(M=2, K=5, N=3, tb=1, lda=5, ldb=5, ldc=3), 46),
+]
+
+
+def test_r4_busy_times_and_results():
+    words = [mm(3000, 100, 200, **kw).word for kw, _ in R4]
+    results = run_cases(words, seed=4)
+    assert [b for _, b, _, _ in results] == [b for _, b in R4]
+
+
+@pytest.mark.parametrize("K", [1, 2, 7, 64])
+def test_every_shape(K):
+    """Every M, N in 1..4 with both tb, random bases, strides and overlaps; B by the spec formula."""
+    rng = random.Random(1000 + K)
+    shapes = [(M, N, tb) for M in range(1, 5) for N in range(1, 5) for tb in (0, 1)]
+    words = [random_mm(rng, M, K, N, tb) for M, N, tb in shapes]
+    results = run_cases(words, seed=K)
+    for (M, N, tb), (word, b, _, _) in zip(shapes, results):
+        assert b == busy_time(M, K, N), (M, K, N, tb, b)
+
+
+def test_port_timing():
+    """Reads go out one a cycle in the spec's order (LA from W1, LB from W(MK+3)); OUT writes m-major at the
+    end, with done alone in W_B and busy high before it."""
+    M, K, N = 3, 5, 2
+    cases = [
+        mm(4090, 4093, 7, M, K, N, lda=9, ldb=2, ldc=5, tb=0).word,   # addresses wrap at 4096
+        mm(50, 60, 70, M, K, N, lda=K, ldb=11, ldc=N, tb=1).word,
+    ]
+    for word, b, cycles, writes in run_cases(cases, seed=7, trace=True):
+        o = operands(word)
+        assert b == busy_time(M, K, N) == len(cycles)
+        la = [(o["A"] + r * o["lda"] + k) % SPAD_DEPTH for r in range(M) for k in range(K)]
+        if o["tb"]:
+            lb = [(o["B"] + n * o["ldb"] + k) % SPAD_DEPTH for k in range(K) for n in range(N)]
+        else:
+            lb = [(o["B"] + k * o["ldb"] + n) % SPAD_DEPTH for k in range(K) for n in range(N)]
+        ra = [c.ra for c in cycles]
+        assert ra[0:M * K] == la
+        assert ra[M * K + 2:M * K + 2 + K * N] == lb
+        out_start = b - 2 - M * N           # OUT occupies the M*N cycles before FIN and the done cycle
+        wrote = [(c.n, c.wa, c.wd) for c in cycles if c.we]
+        assert wrote == [(out_start + 1 + q, a, v) for q, (a, v) in enumerate(writes)]
+        assert [c.done for c in cycles] == [0] * (b - 1) + [1]
+        assert [c.busy for c in cycles] == [1] * (b - 1) + [0]
+
+
+def test_extreme_values():
+    """All-(-128) operands give the largest sums, +2^20 at K=64; junk above bit 7 is ignored."""
+    word = mm(1000, 0, 64, 4, 64, 4, lda=0, ldb=0, ldc=4).word   # A rows all read the same 64 words
+
+    async def bench_fn(ctx, bench):
+        bench.fill(ctx, {a: 0xABCDEF80 for a in range(128)})
+        b, _ = await bench.issue(ctx, word)
+        got = bench.dump(ctx)
+        return b, got[1000:1016], got[1016]
+
+    b, c, after = simulate(MatrixUnit(), bench_fn)
+    assert b == busy_time(4, 64, 4)
+    assert c == [64 * 128 * 128] * 16
+    assert after == 0

@@ -1,0 +1,106 @@
+"""Test fixture for one chip unit on its own: a Scratchpad wired to the unit's ports, as the chip does while
+the unit owns the scratchpad (hardware spec 2.3).
+
+The testbench helpers follow the common protocol of spec 4: `issue` drives start for one cycle (the ISSUE
+cycle), then counts WAIT cycles W1, W2, ... until done is seen; the count is the busy time B.
+"""
+from __future__ import annotations
+
+import random
+
+from amaranth.hdl import Elaboratable, Module
+from amaranth.sim import Simulator
+
+from hdl.scratchpad import Scratchpad
+
+__all__ = ["UnitBench", "Cycle", "simulate"]
+
+SPAD_DEPTH = 4096
+MASK32 = 0xFFFFFFFF
+
+
+class Cycle:
+    """What the unit drove in one WAIT cycle (recorded only when asked for)."""
+    __slots__ = ("n", "ra", "we", "wa", "wd", "busy", "done")
+
+    def __init__(self, n, ra, we, wa, wd, busy, done):
+        self.n, self.ra, self.we, self.wa, self.wd, self.busy, self.done = n, ra, we, wa, wd, busy, done
+
+
+class UnitBench(Elaboratable):
+    """A Scratchpad plus the unit under test; `unit.start` and `unit.ins` are left for the testbench."""
+
+    def __init__(self, unit):
+        self.unit = unit
+        self.scratchpad = Scratchpad(depth=SPAD_DEPTH, width=32)
+
+    def elaborate(self, platform):
+        m = Module()
+        m.submodules.unit = u = self.unit
+        m.submodules.scratchpad = sp = self.scratchpad
+        m.d.comb += [
+            sp.raddr.eq(u.ra),
+            sp.we.eq(u.we),
+            sp.waddr.eq(u.wa),
+            sp.wdata.eq(u.wd),
+            u.sp_rd.eq(sp.rdata),
+        ]
+        return m
+
+    # ---- testbench helpers (call from inside an async testbench) ----------------------------------
+
+    def fill(self, ctx, words):
+        """Backdoor: write `words` (a list of SPAD_DEPTH words, or a dict address -> word)."""
+        items = words.items() if isinstance(words, dict) else enumerate(words)
+        for a, w in items:
+            ctx.set(self.scratchpad.memory.data[a], w & MASK32)
+
+    def dump(self, ctx):
+        """Backdoor: the whole scratchpad as a list of unsigned words."""
+        return [ctx.get(self.scratchpad.memory.data[a]) for a in range(SPAD_DEPTH)]
+
+    async def issue(self, ctx, word, *, limit=5000, trace=False, junk=None):
+        """Start the unit on instruction `word` and clock until done; return (B, trace list or None).
+
+        After E0 the instruction input is replaced by `junk` (default: random bits), so a unit that
+        does not latch its operands at E0 is caught.
+        """
+        u = self.unit
+        ctx.set(u.ins, word)
+        ctx.set(u.start, 1)
+        await ctx.tick()                    # E0: the edge closing the ISSUE cycle
+        ctx.set(u.start, 0)
+        ctx.set(u.ins, random.getrandbits(128) if junk is None else junk)
+        cycles = [] if trace else None
+        for n in range(1, limit + 1):       # now in W_n
+            done = ctx.get(u.done)
+            if trace:
+                cycles.append(Cycle(n, ctx.get(u.ra), ctx.get(u.we), ctx.get(u.wa), ctx.get(u.wd),
+                                    ctx.get(u.busy), done))
+            if done:
+                await ctx.tick()
+                return n, cycles
+            await ctx.tick()
+        raise AssertionError(f"no done within {limit} cycles for instruction {word:#034x}")
+
+    async def idle(self, ctx, n):
+        """Clock n cycles with start low, checking that the idle unit writes nothing and stays quiet."""
+        u = self.unit
+        for _ in range(n):
+            assert (ctx.get(u.we), ctx.get(u.busy), ctx.get(u.done)) == (0, 0, 0)
+            await ctx.tick()
+
+
+def simulate(unit, bench_fn):
+    """Run `bench_fn(ctx, bench)` against `UnitBench(unit)` in a fresh simulator; return its result."""
+    bench = UnitBench(unit)
+    sim = Simulator(bench)
+    sim.add_clock(1e-6)
+    out = {}
+
+    async def tb(ctx):
+        out["r"] = await bench_fn(ctx, bench)
+
+    sim.add_testbench(tb)
+    sim.run()
+    return out.get("r")
