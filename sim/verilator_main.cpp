@@ -1,0 +1,145 @@
+// GA-2 Verilator driver: runs a batch of programs, each on a fresh model of the chip harness.
+//
+// Usage: ga2sim JOBS.bin RESULTS.bin. Both files are native-endian uint32 words (see sim/verilator_backend.py):
+//   jobs:    magic, EXT, max_cycles, njobs, then per job: NI, NI x 4 instruction words (most significant
+//            word first), EXT words of external memory.
+//   results: magic, njobs, then per job: halted, edges clocked after start, the five counters,
+//            run time in ns (two words, low first), then EXT words of final external memory.
+// Per job (hardware spec 6.2): one reset edge, one idle edge, the ROM and the non-zero external words
+// through the backdoor ports (a fresh model starts with every memory at zero, as the book's testbench
+// zeroes the scratchpad), a one-edge start pulse, then edges until `halted` or max_cycles.
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <memory>
+#include <vector>
+
+#include "verilated.h"
+#include "Vga2.h"
+
+#ifndef GA2_EXT
+#error "GA2_EXT (external memory words of the elaborated harness) must be defined"
+#endif
+
+static const uint32_t MAGIC_JOBS = 0x4a324147u;     // "GA2J"
+static const uint32_t MAGIC_RESULTS = 0x52324147u;  // "GA2R"
+
+// Inputs change while the clock is low; one call is one rising edge (and the following fall).
+static inline void edge(Vga2* m) {
+    m->clk = 1;
+    m->eval();
+    m->clk = 0;
+    m->eval();
+}
+
+static int fail(const char* what, const char* path) {
+    std::fprintf(stderr, "ga2sim: %s: %s\n", what, path);
+    return 2;
+}
+
+int main(int argc, char** argv) {
+    if (argc != 3) {
+        std::fprintf(stderr, "usage: %s JOBS.bin RESULTS.bin\n", argv[0]);
+        return 2;
+    }
+    std::FILE* in = std::fopen(argv[1], "rb");
+    if (!in) return fail("cannot open the job file", argv[1]);
+    std::vector<uint32_t> words;
+    {
+        uint32_t buf[4096];
+        size_t n;
+        while ((n = std::fread(buf, 4, 4096, in)) > 0) words.insert(words.end(), buf, buf + n);
+        std::fclose(in);
+    }
+    if (words.size() < 4 || words[0] != MAGIC_JOBS) return fail("not a GA-2 job file", argv[1]);
+    const uint32_t ext = words[1];
+    const uint64_t max_cycles = words[2];
+    const uint32_t njobs = words[3];
+    if (ext != GA2_EXT) {
+        std::fprintf(stderr, "ga2sim: job file has EXT=%u but this model was built for EXT=%u\n", ext,
+                     (unsigned)GA2_EXT);
+        return 2;
+    }
+
+    std::vector<uint32_t> out;
+    out.reserve(2 + (size_t)njobs * (9 + ext));
+    out.push_back(MAGIC_RESULTS);
+    out.push_back(njobs);
+
+    auto ctx = std::make_unique<VerilatedContext>();
+    size_t pos = 4;
+    for (uint32_t j = 0; j < njobs; ++j) {
+        if (pos >= words.size()) return fail("job file truncated", argv[1]);
+        const uint32_t ni = words[pos++];
+        if (ni > 256 || pos + 4ull * ni + ext > words.size()) return fail("bad job record", argv[1]);
+        const uint32_t* prog = &words[pos];
+        pos += 4ull * ni;
+        const uint32_t* image = &words[pos];
+        pos += ext;
+
+        auto m = std::make_unique<Vga2>(ctx.get(), "ga2");
+        m->clk = 0;
+        m->start = 0;
+        m->rom_we = 0;
+        m->ext_we = 0;
+        m->rst = 1;
+        m->eval();
+        edge(m.get());
+        m->rst = 0;
+        edge(m.get());
+
+        m->rom_we = 1;
+        for (uint32_t i = 0; i < ni; ++i) {
+            m->rom_addr = i;
+            for (int k = 0; k < 4; ++k) m->rom_wdata[k] = prog[4 * i + 3 - k];  // [0] is bits 31:0
+            edge(m.get());
+        }
+        m->rom_we = 0;
+        m->ext_we = 1;
+        for (uint32_t i = 0; i < ext; ++i) {
+            if (image[i] == 0) continue;   // already zero in a fresh model
+            m->ext_addr = i;
+            m->ext_wdata = image[i];
+            edge(m.get());
+        }
+        m->ext_we = 0;
+        m->ext_addr = 0;
+
+        auto t0 = std::chrono::steady_clock::now();
+        m->start = 1;
+        edge(m.get());
+        m->start = 0;
+        uint64_t n = 0;
+        while (!m->halted && n < max_cycles) {
+            edge(m.get());
+            ++n;
+        }
+        auto t1 = std::chrono::steady_clock::now();
+        const uint64_t ns = (uint64_t)std::chrono::duration_cast<std::chrono::nanoseconds>(t1 - t0).count();
+
+        out.push_back(m->halted ? 1u : 0u);
+        out.push_back((uint32_t)n);
+        out.push_back(m->cyc_total);
+        out.push_back(m->cyc_mm);
+        out.push_back(m->cyc_dma);
+        out.push_back(m->cyc_vec);
+        out.push_back(m->n_inst);
+        out.push_back((uint32_t)ns);
+        out.push_back((uint32_t)(ns >> 32));
+        for (uint32_t i = 0; i < ext; ++i) {
+            m->ext_addr = i;
+            m->eval();   // ext_rdata is a combinational read: no edge needed
+            out.push_back(m->ext_rdata);
+        }
+        m->final();
+    }
+
+    std::FILE* f = std::fopen(argv[2], "wb");
+    if (!f) return fail("cannot write the result file", argv[2]);
+    if (std::fwrite(out.data(), 4, out.size(), f) != out.size()) {
+        std::fclose(f);
+        return fail("short write", argv[2]);
+    }
+    std::fclose(f);
+    return 0;
+}
