@@ -9,7 +9,7 @@ from hdl.arith import argmax_first, requant, s32, softmax_q16, vadd_sat
 
 from .image import quantized_inputs
 
-__all__ = ["interpret", "interpret_all"]
+__all__ = ["interpret", "interpret_all", "interpret_readback"]
 
 
 def interpret_all(P, inputs) -> list:
@@ -64,3 +64,13 @@ def interpret(P, inputs) -> dict:
     """name -> integer 2-D list of every output of `P` on `inputs`."""
     vals = interpret_all(P, inputs)
     return {n.attrs["name"]: vals[n.id] for n in P.graph.nodes if n.op == "output"}
+
+
+def interpret_readback(P, inputs) -> dict:
+    """The interpreter's outputs in `readback`'s form: name -> (ints 2-D, floats 2-D)."""
+    out = {}
+    for name, ints in interpret(P, inputs).items():
+        node = P.graph.nodes[P.ext_map[name].node]
+        sc = 1.0 if P.graph.nodes[node.ins[0]].op == "argmax" else P.scales[node.id]
+        out[name] = (ints, [[v * sc for v in row] for row in ints])
+    return out

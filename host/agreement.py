@@ -1,0 +1,94 @@
+"""The chip-against-float agreement study of Chapters 12/13 (model spec 6.1): random models,
+teacher-forced on the float model's own tokens, the chip's dequantized k/v rows as its cache.
+
+Run ``python -m host.agreement`` to print it (book: 559/576, mean 2.3 %, worst 6.1 %); the integer
+interpreter stands in for the chip, whose readback equals it exactly.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+
+import compiler as C
+
+from .calibrate import calibrate
+from .tiny_lm import V, argmax, build_graph, float_generate, float_step, make_model
+
+__all__ = ["agreement_study", "decode_forced", "rel_rms", "main"]
+
+
+def rel_rms(got, ref) -> float:
+    """Relative RMS error of a logit row against the float reference row."""
+    return math.sqrt(sum((a - b) ** 2 for a, b in zip(got, ref)) / sum(b * b for b in ref))
+
+
+def decode_forced(m, programs, start, steps, backend=None):
+    """Decode `steps` tokens on the chip from `start`, forcing each next input to the float token.
+
+    `programs[L]` is the compiled program of context L. With `backend` None the integer interpreter
+    stands in for the chip (a program's readback on any backend must equal it). Yields per step
+    ``(L, chip token, chip float logits, float token, float logits)``.
+    """
+    ftoks = float_generate(m, start, steps)
+    fk, fv, ck, cv = [], [], [], []
+    for L in range(1, steps + 1):
+        tok = ftoks[L - 1]
+        flog, k, v, _ = float_step(m, tok, fk, fv)
+        fk.append(k)
+        fv.append(v)
+        inputs = {"x": [m["E"][tok]]}
+        if L > 1:
+            inputs["kc"] = [list(r) for r in ck]
+            inputs["vc"] = [list(r) for r in cv]
+        P = programs[L]
+        if backend is None:
+            out = C.interpret_readback(P, inputs)
+        else:
+            out, _ = C.run(P, inputs, backend)
+        ck.append(out["k_new"][1][0])
+        cv.append(out["v_new"][1][0])
+        yield L, out["tok"][0][0][0], out["logits"][1][0], ftoks[L], flog
+
+
+def agreement_study(seeds=(1, 2, 3), starts=range(V), steps: int = 12, backend=None) -> dict:
+    """Agreement of the chip's token with the float token and the relative RMS logit error.
+
+    Each random model is calibrated with ``calibrate(m, steps)`` (Chapter 12) and one program per
+    context 1..steps is compiled with those samples and ranges. Returns a dict with ``agree``,
+    ``total``, ``mean_err``, ``worst_err`` and the per-decision ``errors``.
+    """
+    agree = total = 0
+    errors = []
+    for seed in seeds:
+        m = make_model("random", seed)
+        calib, ranges = calibrate(m, steps)
+        programs = {L: C.compile_graph(build_graph(m, L), calib[L], ranges=ranges) for L in range(1, steps + 1)}
+        for s in starts:
+            for L, ctok, clog, ftok, flog in decode_forced(m, programs, s, steps, backend):
+                agree += ctok == ftok
+                total += 1
+                errors.append(rel_rms(clog, flog))
+    return {"agree": agree, "total": total, "mean_err": sum(errors) / len(errors),
+            "worst_err": max(errors), "errors": errors}
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m host.agreement", description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=12, help="decode steps per start (default 12)")
+    ap.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3], help="random-model seeds")
+    a = ap.parse_args(argv)
+    if a.steps < 1:
+        print(f"error: --steps {a.steps} must be at least 1", file=sys.stderr)
+        return 2
+    # the integer interpreter stands in for the chip here (host/ never imports a simulator); pass a
+    # backend to agreement_study to run the programs on one
+    r = agreement_study(tuple(a.seeds), range(V), a.steps)
+    print(f"random models {a.seeds} x {V} starts x {a.steps} steps, teacher-forced on the float tokens")
+    print(f"{'agreement':>12s} {'mean rel. RMS logit error':>26s} {'worst':>8s}")
+    print(f"{r['agree']:5d}/{r['total']:<6d} {100 * r['mean_err']:25.1f}% {100 * r['worst_err']:7.1f}%")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
