@@ -193,7 +193,7 @@ def structured():
     return m, calib, ranges, progs
 
 
-@pytest.mark.parametrize("n, table, hwm", [(1, TABLE_N1, 832), (2, TABLE_N2, 864)])
+@pytest.mark.parametrize("n, table, hwm", [(1, TABLE_N1, 832), (2, TABLE_N2, 864)], ids=["n1", "n2"])
 def test_program_equals_spec_table(structured, n, table, hwm):
     P = structured[3][n]
     rows = parse_table(table)
