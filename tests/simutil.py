@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 
-from amaranth.hdl import Fragment
+from amaranth.hdl import Fragment, Module
 from amaranth.sim import Simulator
 
 __all__ = ["run", "built"]
@@ -20,8 +20,16 @@ def built(component):
     return component
 
 
-def run(dut, bench, *, clocked: bool = True, deadline: float | None = None):
-    """Simulate `dut` with the async testbench `bench(ctx)`; return what the testbench returned."""
+def run(dut, bench, *, clocked: bool = True, domain=None, deadline: float | None = None):
+    """Simulate `dut` with the async testbench `bench(ctx)`; return what the testbench returned.
+
+    Pass an `amaranth.hdl.ClockDomain("sync")` as `domain` to drive its `rst` from the testbench.
+    """
+    if domain is not None:
+        top = Module()
+        top.domains.sync = domain
+        top.submodules.dut = dut
+        dut = top
     sim = Simulator(dut)
     if clocked:
         sim.add_clock(1e-6)
