@@ -137,7 +137,7 @@ def parse_records(text: str, ext: int = 2048, where: str = "<text>") -> list[Pro
         if not 1 <= ni <= ROM_WORDS:
             raise HexFileError(f"{where}: program {i}, word offset {pos - 1}: NI = {ni} is outside "
                                f"1..{ROM_WORDS} (is --ext right?)")
-        flat = take(4 * ni, i, f"{ni} instructions")
+        flat = take(4 * ni, i, f"the {ni} instruction(s)")
         program = [from_words32(flat[4 * k:4 * k + 4]) for k in range(ni)]
         image = take(ext, i, "the initial external memory")
         expected = take(ext, i, "the expected external memory")
