@@ -1,0 +1,116 @@
+"""The LD engine: external memory -> scratchpad, pipelined reads (hardware spec 4.1, 5.7).
+
+After the start edge E0, request k is presented in cycle W(k+1); the memory answers a fixed LAT cycles
+later and the word is written to dst+k at the end of W(k+1+LAT); `done` is high in W(len+LAT+1).
+The engine trusts that exactly `len` responses arrive. Addresses wrap at aw (scratchpad) / xw (external).
+"""
+from amaranth.hdl import Module, Signal
+from amaranth.lib import wiring
+from amaranth.lib.wiring import In, Out
+
+from hdl._checks import check_int
+
+__all__ = ["DMA"]
+
+
+class DMA(wiring.Component):
+    """Block-read DMA with one outstanding request per cycle and fixed-latency responses.
+
+    Parameters
+    ----------
+    aw : int
+        Scratchpad address and length width (12 on the chip), at least 1.
+    xw : int
+        External address width (16 on the chip), at least 1.
+
+    Ports
+    -----
+    start : In(1)
+        Begins a transfer when idle (ignored while busy).
+    dst : In(aw)
+        First scratchpad word, sampled with `start`.
+    src : In(xw)
+        First external word, sampled with `start`.
+    length : In(aw)
+        Number of words, sampled with `start`; 0 never finishes (as in the RTL).
+    busy : Out(1)
+    done : Out(1)
+        Registered one-cycle pulse after the last response was written.
+    req_valid : Out(1)
+        A read request this cycle: busy and not all requests issued.
+    req_addr : Out(xw)
+        src + number of requests already issued, wrapping at xw bits.
+    resp_valid : In(1)
+        Response word present (LAT cycles after its request).
+    resp_data : In(32)
+    we : Out(1)
+        Scratchpad write enable, equal to resp_valid.
+    wa : Out(aw)
+        dst + number of responses already received, wrapping at aw bits.
+    wd : Out(32)
+        resp_data passed through.
+
+    Raises
+    ------
+    TypeError, ValueError
+        If `aw` or `xw` is not an integer of at least 1.
+    """
+
+    def __init__(self, aw=12, xw=16):
+        check_int(self, "aw", aw, 1)
+        check_int(self, "xw", xw, 1)
+        self._aw, self._xw = aw, xw
+        super().__init__({
+            "start":      In(1),
+            "dst":        In(aw),
+            "src":        In(xw),
+            "length":     In(aw),
+            "busy":       Out(1),
+            "done":       Out(1),
+            "req_valid":  Out(1),
+            "req_addr":   Out(xw),
+            "resp_valid": In(1),
+            "resp_data":  In(32),
+            "we":         Out(1),
+            "wa":         Out(aw),
+            "wd":         Out(32),
+        })
+
+    @property
+    def aw(self):
+        return self._aw
+
+    @property
+    def xw(self):
+        return self._xw
+
+    def elaborate(self, platform):
+        m = Module()
+        src_r = Signal(self._xw)
+        dst_r = Signal(self._aw)
+        len_r = Signal(self._aw)
+        issued = Signal(self._aw)
+        recvd = Signal(self._aw)
+
+        pending = issued != len_r
+        m.d.comb += [
+            self.req_valid.eq(self.busy & pending),
+            self.req_addr.eq(src_r + issued),
+            self.we.eq(self.resp_valid),
+            self.wa.eq(dst_r + recvd),
+            self.wd.eq(self.resp_data),
+        ]
+
+        m.d.sync += self.done.eq(0)
+        with m.If(self.busy):
+            with m.If(pending):
+                m.d.sync += issued.eq(issued + 1)
+            with m.If(self.resp_valid):
+                m.d.sync += recvd.eq(recvd + 1)
+                # len_r - 1 is signed: with len 0 it is -1 and never matches, as in the RTL.
+                with m.If(recvd == len_r - 1):
+                    m.d.sync += [self.busy.eq(0), self.done.eq(1)]
+        with m.Elif(self.start):
+            m.d.sync += [src_r.eq(self.src), dst_r.eq(self.dst), len_r.eq(self.length),
+                         issued.eq(0), recvd.eq(0), self.busy.eq(1)]
+        return m
