@@ -7,7 +7,7 @@ from .buffers import Allocator, Buffer, ExtEntry
 from .emit import Program, compile_graph
 from .graph import CompileError, Graph, Node, evaluate_float
 from .image import ext_image, readback, run
-from .interp import interpret, interpret_all, interpret_readback
+from .interp import interpret, interpret_all, interpret_readback, stage_check
 
 __all__ = ["Graph", "Node", "CompileError", "evaluate_float", "compile_graph", "Program", "ext_image",
-           "readback", "run", "interpret", "interpret_all", "interpret_readback", "Allocator", "Buffer", "ExtEntry"]
+           "readback", "run", "interpret", "interpret_all", "interpret_readback", "stage_check", "Allocator", "Buffer", "ExtEntry"]

@@ -9,7 +9,7 @@ from hdl.arith import argmax_first, requant, s32, softmax_q16, vadd_sat
 
 from .image import quantized_inputs
 
-__all__ = ["interpret", "interpret_all", "interpret_readback"]
+__all__ = ["interpret", "interpret_all", "interpret_readback", "stage_check"]
 
 
 def interpret_all(P, inputs) -> list:
@@ -74,3 +74,46 @@ def interpret_readback(P, inputs) -> dict:
         sc = 1.0 if P.graph.nodes[node.ins[0]].op == "argmax" else P.scales[node.id]
         out[name] = (ints, [[v * sc for v in row] for row in ints])
     return out
+
+
+def stage_check(P, inputs) -> list:
+    """Compare every computed tensor with the real result of its operation on its dequantized inputs.
+
+    Tolerance 1 level (2 for adds, which round twice), after clamping the real value to +-127 levels.
+    Returns a list of one-line problems (empty when every stage is within tolerance).
+    """
+    import math
+
+    nodes = P.graph.nodes
+    vals = interpret_all(P, inputs)
+    deq = lambda nid: [[v * P.scales[nid] for v in row] for row in vals[nid]]
+    problems = []
+    for n in nodes:
+        if n.op not in ("matmul", "softmax", "add"):
+            continue
+        if n.op == "matmul":
+            a, b = deq(n.ins[0]), deq(n.ins[1])
+            if n.attrs["transpose_b"]:
+                b = [list(c) for c in zip(*b)]
+            real = [[n.attrs["scale"] * sum(r[t] * b[t][j] for t in range(len(b))) for j in range(len(b[0]))]
+                    for r in a]
+            if n.id in P.relu_fused:
+                real = [[max(0.0, v) for v in row] for row in real]
+            tol = 1
+        elif n.op == "softmax":
+            real = []
+            for row in deq(n.ins[0]):
+                e = [math.exp(v - max(row)) for v in row]
+                real.append([v / sum(e) for v in e])
+            tol = 1
+        else:
+            a, b = deq(n.ins[0]), deq(n.ins[1])
+            real = [[p + q for p, q in zip(ra, rb)] for ra, rb in zip(a, b)]
+            tol = 2
+        sc = P.scales[n.id]
+        for i, (ri, gi) in enumerate(zip(real, vals[n.id])):
+            for j, (r, got) in enumerate(zip(ri, gi)):
+                want = max(-127.0, min(127.0, r / sc))
+                if abs(got - want) > tol:
+                    problems.append(f"{n.label()} [{i}][{j}]: integer {got}, real {want:.3f} levels")
+    return problems

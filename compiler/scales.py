@@ -50,6 +50,10 @@ def plan_scales(graph: Graph, calib_samples, ranges=None):
     samples = list(calib_samples or [])
     if not samples:
         raise CompileError("no calibration samples: the compiler needs at least one input set")
+    for i, smp in enumerate(samples):
+        if not isinstance(smp, dict):
+            raise CompileError(f"calibration sample {i} is {type(smp).__name__} {smp!r:.40}, not a dict of "
+                               f"input name -> rows (pass calib[n], not the whole calibration)")
     uf = _UnionFind(len(nodes))
     for n in nodes:
         if n.op in ("concat", "relu", "slice", "output"):

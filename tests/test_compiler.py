@@ -375,6 +375,8 @@ def test_compile_errors():
         C.compile_graph(g, [{"x": [[0.5] * 16]}], ext_words=80)
     with pytest.raises(C.CompileError, match="no calibration samples"):
         C.compile_graph(g, [])
+    with pytest.raises(C.CompileError, match="calibration sample 0 is int 1, not a dict"):
+        C.compile_graph(g, {1: [{"x": [[0.5] * 16]}]})
     with pytest.raises(C.CompileError, match=r"input 'x': expected shape 1x16, got 1x3"):
         C.compile_graph(g, [{"x": [[0.5] * 3]}])
     g2 = C.Graph()
@@ -404,3 +406,14 @@ def test_image_quantizes_at_node_scales(structured):
     want = [quantize(v, ranges["k"] / 127) & 0xFFFFFFFF for v in s["kc"][0]]
     assert img[e.address:e.address + 16] == want
     assert img[P.ext_map["tok"].address:] == [0] * (8192 - P.ext_map["tok"].address)
+
+
+@pytest.mark.parametrize("kind, seed", [("structured", None), ("random", 2)])
+def test_stage_check_within_one_level(kind, seed):
+    # every tensor against the real result of its operation on its dequantized inputs (spec 4.13)
+    m = make_model(kind, seed)
+    calib, ranges = calibrate(m, 8, starts=range(0, 16, 3))
+    for n in (1, 3, 8):
+        P = C.compile_graph(build_graph(m, n), calib[n], ranges=ranges)
+        for sample in calib[n]:
+            assert C.stage_check(P, sample) == []
