@@ -417,3 +417,17 @@ def test_stage_check_within_one_level(kind, seed):
         P = C.compile_graph(build_graph(m, n), calib[n], ranges=ranges)
         for sample in calib[n]:
             assert C.stage_check(P, sample) == []
+
+
+@pytest.mark.parametrize("W, total", [(None, 268346), (8, 241286), (4, 231792)])
+def test_decode_totals_with_window(structured, W, total):
+    # spec 6.1: 32 decode steps; with a window, step L runs the program of context min(L, W),
+    # compiled from the windowed calibration (5.3)
+    m = structured[0]
+    if W is None:
+        progs = structured[3]
+    else:
+        calib, ranges = calibrate(m, 32, W)
+        progs = {n: C.compile_graph(build_graph(m, n), calib[n], ranges=ranges) for n in sorted(calib)}
+    assert len(progs) == (W or 32)
+    assert sum(sum(progs[min(L, W or L)].cycles()) for L in range(1, 33)) == total
