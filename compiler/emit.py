@@ -14,7 +14,7 @@ from hdl.isa import Op
 
 from .buffers import Allocator, plan_buffers, plan_external, plan_lifetimes
 from .graph import CompileError, Graph
-from .scales import SOFTMAX_OUT_SCALE, fuse_relus, plan_scales
+from .scales import fuse_relus, plan_scales
 
 __all__ = ["Program", "compile_graph", "SOFTMAX_RQ_MULTIPLIER"]
 

@@ -10,7 +10,7 @@ from hdl.arith import clamp, quantize, rha, s8, s32, u32
 
 from .graph import CompileError
 
-__all__ = ["ext_image", "readback", "run", "quantize_matrix"]
+__all__ = ["ext_image", "readback", "run", "quantize_matrix", "quantized_inputs"]
 
 
 def quantize_matrix(values, scale: float, bits: int = 8) -> list:
@@ -56,7 +56,7 @@ def ext_image(P, inputs, ext_size: int = 8192) -> list:
     for name, mat in q.items():
         e = P.ext_map[name]
         flat = [v for row in mat for v in row]
-        if e.words != len(flat):      # int4: eight nibbles a word, low nibble first, zero padded
+        if P.graph.nodes[e.node].attrs.get("bits", 8) == 4:   # eight nibbles a word, low first, zero padded
             for i in range(e.words):
                 w = 0
                 for j, v in enumerate(flat[8 * i:8 * i + 8]):

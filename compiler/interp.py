@@ -5,6 +5,8 @@ It uses only the plan (scales, requantizer parameters, fused relus) and the gold
 """
 from __future__ import annotations
 
+import math
+
 from hdl.arith import argmax_first, requant, s32, softmax_q16, vadd_sat
 
 from .image import quantized_inputs
@@ -82,8 +84,6 @@ def stage_check(P, inputs) -> list:
     Tolerance 1 level (2 for adds, which round twice), after clamping the real value to +-127 levels.
     Returns a list of one-line problems (empty when every stage is within tolerance).
     """
-    import math
-
     nodes = P.graph.nodes
     vals = interpret_all(P, inputs)
     deq = lambda nid: [[v * P.scales[nid] for v in row] for row in vals[nid]]
