@@ -243,3 +243,10 @@ def test_speed_of_a_long_program():
     dt = time.perf_counter() - t
     assert r.counters[0] > 7000 and r.counters[4] == 73
     assert dt < 0.25, f"{dt * 1000:.1f} ms"
+
+
+def test_amax_first_maximum_signed():
+    prog = [ld(0, 0, 6), amax(20, 0, 6), amax(21, 0, 2), st(20, 100, 2), halt()]
+    r = ReferenceMachine().run(prog, image({0: [-5, -1, 9, 3, 9, 0x7FFFFFFF + 1]}))
+    # 0x80000000 is the most negative word; the first 9 wins the tie; -1 > -5
+    assert r.ext[100:102] == [2, 1]
