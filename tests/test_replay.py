@@ -184,3 +184,18 @@ def test_replay_command_fail_and_error(tmp_path, suite):
     assert p.stdout.startswith("FAIL: program 2: external word 2047: expected"), p.stdout
     p = cli("sim.replay", str(path), "--sim", "bogus")
     assert p.returncode == 2 and p.stdout == "" and len(p.stderr.splitlines()) == 1
+
+
+def test_directed_suite_file(tmp_path, capsys):
+    from sim.progen import main as progen_main
+    path = tmp_path / "d.hex"
+    assert progen_main(["--directed", "--out", str(path)]) == 0
+    capsys.readouterr()
+    recs = read_records(path)
+    assert len(recs) == 44
+    assert recs[0].expected_counters == [85, 28, 30, 13, 6]            # R1, from the spec
+    assert recs[-1].expected_counters == [97, 32, 40, 11, 6]           # R11
+    assert replay_main([str(path)]) == 0
+    assert capsys.readouterr().out.startswith("PASS: 44 programs match")
+    assert progen_main(["--directed", "--ext", "4096", "--out", str(path)]) == 2
+    assert "EXT 2048" in error_line(capsys)
