@@ -111,7 +111,7 @@ class MatrixUnit(wiring.Component):
         # Skewed feed: row i gets A[i][t-i] and column i gets B[t-i][i] while they exist, else 0.
         running = Signal()
         for i in range(ARRAY_N):
-            in_k = (t >= i) & (t - i < K)
+            in_k = (t < K) if i == 0 else (t >= i) & (t - i < K)
             m.d.comb += [
                 array.a_edge[i].eq(Mux(running & (i < M) & in_k, amem[i].rdata, 0)),
                 array.b_edge[i].eq(Mux(running & (i < N) & in_k, bmem[i].rdata, 0)),

@@ -55,8 +55,9 @@ def random_mm(rng, M, K, N, tb):
     return mm(dst, a, b, M, K, N, lda=lda, ldb=ldb, ldc=ldc, tb=tb).word
 
 
-def run_cases(words, *, seed, trace=False):
-    """Run the MM words back to back on one scratchpad; return [(word, B, trace, ok)] after checking."""
+def run_cases(words, *, seed, trace=False, **issue_options):
+    """Run the MM words back to back on one scratchpad, checking the whole scratchpad after each;
+    return [(word, B, trace, model writes)]."""
     rng = random.Random(seed)
     background = [rng.getrandbits(32) for _ in range(SPAD_DEPTH)]
 
@@ -67,7 +68,7 @@ def run_cases(words, *, seed, trace=False):
         results = []
         for word in words:
             writes = mm_model(mirror, word)
-            b, cycles = await bench.issue(ctx, word, trace=trace)
+            b, cycles = await bench.issue(ctx, word, trace=trace, **issue_options)
             for addr, value in writes:
                 mirror[addr] = value
             got = bench.dump(ctx)
@@ -147,3 +148,22 @@ def test_extreme_values():
     assert b == busy_time(4, 64, 4)
     assert c == [64 * 128 * 128] * 16
     assert after == 0
+
+
+def test_start_while_busy_is_ignored():
+    """Start pulses (with junk on ins) during an MM change neither its result nor its busy time."""
+    rng = random.Random(3)
+    shapes = [(2, 7, 2, 0), (4, 3, 1, 1), (1, 9, 4, 0)]
+    words = [random_mm(rng, M, K, N, tb) for M, K, N, tb in shapes]
+    results = run_cases(words, seed=3, stray=range(1, 1000))     # start high in every WAIT cycle
+    assert [b for _, b, _, _ in results] == [busy_time(M, K, N) for M, K, N, _ in shapes]
+
+
+def test_zero_dimension_hangs():
+    """M, K or N = 0 is illegal; like the book's RTL the unit then never raises done and writes nothing."""
+    words = [mm(100, 0, 50, 0, 3, 2).word, mm(100, 0, 50, 2, 0, 2).word, mm(100, 0, 50, 2, 3, 0).word]
+    for word in words:
+        async def bench_fn(ctx, bench):
+            b, _ = await bench.issue(ctx, word, hang=True, limit=300)
+            return b, any(bench.dump(ctx))
+        assert simulate(MatrixUnit(), bench_fn) == (None, False)

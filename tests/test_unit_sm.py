@@ -16,7 +16,7 @@ def busy_time(length):
     return 3 * (length + 1) + 1 + 42 + 1
 
 
-def run_cases(cases, *, seed, trace=False):
+def run_cases(cases, *, seed, trace=False, **issue_options):
     """cases: (word, {address: word} to poke first). Returns [(word, B, cycles, expected p)]."""
     rng = random.Random(seed)
     background = [rng.getrandbits(32) for _ in range(SPAD_DEPTH)]
@@ -33,7 +33,7 @@ def run_cases(cases, *, seed, trace=False):
             o = operands(word)
             scores = [mirror[(o["src"] + k) % SPAD_DEPTH] for k in range(o["len"])]
             p = softmax_q16(scores)
-            b, cycles = await bench.issue(ctx, word, trace=trace)
+            b, cycles = await bench.issue(ctx, word, trace=trace, **issue_options)
             for k, pk in enumerate(p):
                 mirror[(o["dst"] + k) % SPAD_DEPTH] = pk
             got = bench.dump(ctx)
@@ -125,3 +125,18 @@ def test_write_timing():
         assert b == len(cycles) == busy_time(L)
         assert [c.done for c in cycles] == [0] * (b - 1) + [1]
         assert [c.busy for c in cycles] == [1] * (b - 1) + [0]
+
+
+def test_start_while_busy_is_ignored():
+    """Start pulses (with junk on ins) during an SM, also while the divider runs, change nothing."""
+    cases = [(sm(900, 40, 9).word, {}), (sm(40, 40, 5).word, {})]
+    results = run_cases(cases, seed=9, stray=range(1, 1000))     # start high in every WAIT cycle
+    assert [b for _, b, _, _ in results] == [busy_time(9), busy_time(5)]
+
+
+def test_zero_length_hangs():
+    """len = 0 is illegal; like the book's RTL the unit then never raises done and writes nothing."""
+    async def bench_fn(ctx, bench):
+        b, _ = await bench.issue(ctx, sm(100, 0, 0).word, hang=True, limit=300)
+        return b, any(bench.dump(ctx))
+    assert simulate(SoftmaxUnit(), bench_fn) == (None, False)

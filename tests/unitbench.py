@@ -59,11 +59,13 @@ class UnitBench(Elaboratable):
         """Backdoor: the whole scratchpad as a list of unsigned words."""
         return [ctx.get(self.scratchpad.memory.data[a]) for a in range(SPAD_DEPTH)]
 
-    async def issue(self, ctx, word, *, limit=5000, trace=False, junk=None):
+    async def issue(self, ctx, word, *, limit=5000, trace=False, junk=None, stray=(), hang=False):
         """Start the unit on instruction `word` and clock until done; return (B, trace list or None).
 
         After E0 the instruction input is replaced by `junk` (default: random bits), so a unit that
-        does not latch its operands at E0 is caught.
+        does not latch its operands at E0 is caught. `stray` lists WAIT cycles in which start is
+        pulsed again (a busy unit must ignore it). With `hang`, the instruction must NOT finish: after
+        `limit` cycles without done and without any write, (None, trace) is returned.
         """
         u = self.unit
         ctx.set(u.ins, word)
@@ -73,14 +75,21 @@ class UnitBench(Elaboratable):
         ctx.set(u.ins, random.getrandbits(128) if junk is None else junk)
         cycles = [] if trace else None
         for n in range(1, limit + 1):       # now in W_n
+            ctx.set(u.start, n in stray)
             done = ctx.get(u.done)
+            if hang:
+                assert not done and not ctx.get(u.we), f"instruction {word:#034x} acted in W{n}"
             if trace:
                 cycles.append(Cycle(n, ctx.get(u.ra), ctx.get(u.we), ctx.get(u.wa), ctx.get(u.wd),
                                     ctx.get(u.busy), done))
             if done:
+                ctx.set(u.start, 0)
                 await ctx.tick()
                 return n, cycles
             await ctx.tick()
+        ctx.set(u.start, 0)
+        if hang:
+            return None, cycles
         raise AssertionError(f"no done within {limit} cycles for instruction {word:#034x}")
 
     async def idle(self, ctx, n):
