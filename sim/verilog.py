@@ -41,6 +41,8 @@ BLOCKS = {
     "divider":    lazy("hdl.divider", "Divider", 40),
     "dma":        lazy("hdl.dma", "DMA", aw=12, xw=16),
     "softmax":    lazy("hdl.softmax", "Softmax", 4),
+    "unit_mm":    lazy("hdl.unit_mm", "MatrixUnit"),
+    "unit_sm":    lazy("hdl.unit_sm", "SoftmaxUnit"),
 }
 
 # Warnings waived for generated code, with the reason. Everything else, -Wall included, must be clean.
