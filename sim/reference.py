@@ -14,6 +14,8 @@ never fetched by the chip either).
 """
 from __future__ import annotations
 
+import operator
+
 from hdl.arith import (EXP_TABLE, SOFTMAX_NUM, argmax_first, divu, requant, s8, softmax_q16,
                        unpack_word, vadd_sat)
 from hdl.isa import ROM_WORDS, SPAD_WORDS, Instr, IsaError, Op, busy_cycles, encode, operands, validate
@@ -25,6 +27,7 @@ __all__ = ["ReferenceMachine", "IllegalInstruction", "BadInput"]
 _SP = SPAD_WORDS - 1        # scratchpad addresses wrap at 12 bits
 _XA = 0xFFFF                # external addresses wrap at 16 bits
 _W = 0xFFFFFFFF
+_S8 = tuple(s8(b) for b in range(256))     # s8 of a low byte, as a table for the MM loops
 _DEADBEEF = 0xDEADBEEF      # what the memory model answers past its end (hardware spec 6.3)
 
 # cycle-counter class of each opcode (hardware spec 2.2): index into the counter list
@@ -90,11 +93,18 @@ class ReferenceMachine(Backend):
     @staticmethod
     def _image_words(image) -> list[int]:
         ext = list(image)
+        if ext and set(map(type, ext)) == {int} and min(ext) >= 0 and max(ext) <= _W:
+            return ext                  # the usual case, checked at C speed
+        out = []
         for i, w in enumerate(ext):
-            if isinstance(w, bool) or not isinstance(w, int) or not -(1 << 31) <= w < (1 << 32):
+            try:
+                v = operator.index(w)
+            except TypeError:
+                v = None
+            if v is None or isinstance(w, bool) or not -(1 << 31) <= v < (1 << 32):
                 raise BadInput(f"external word {i} = {w!r} is not a 32-bit value")
-        # signed words are accepted for convenience and stored as the chip stores them
-        return [w & _W for w in ext]
+            out.append(v & _W)          # signed words are stored as the chip stores them
+        return out
 
     # ---- the run -----------------------------------------------------------------------------
 
@@ -258,11 +268,11 @@ def _mm(o, spad, ext, n_ext):
     # every operand is staged in the operand memories before the first result is written
     dst, A, B, lda, ldb, ldc = o["dst"], o["A"], o["B"], o["lda"], o["ldb"], o["ldc"]
     M, K, N, tb = o["M"], o["K"], o["N"], o["tb"]
-    a = [[s8(spad[(A + i * lda + k) & _SP]) for k in range(K)] for i in range(M)]
+    a = [[_S8[spad[(A + i * lda + k) & _SP] & 0xFF] for k in range(K)] for i in range(M)]
     if tb:
-        b = [[s8(spad[(B + j * ldb + k) & _SP]) for k in range(K)] for j in range(N)]
+        b = [[_S8[spad[(B + j * ldb + k) & _SP] & 0xFF] for k in range(K)] for j in range(N)]
     else:
-        b = [[s8(spad[(B + k * ldb + j) & _SP]) for k in range(K)] for j in range(N)]
+        b = [[_S8[spad[(B + k * ldb + j) & _SP] & 0xFF] for k in range(K)] for j in range(N)]
     for i in range(M):
         ai = a[i]
         row = dst + i * ldc
