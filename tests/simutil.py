@@ -1,8 +1,8 @@
 """Small helpers shared by the block tests: run one async testbench against one component.
 
 `run(dut, bench)` builds a Simulator, adds a clock to the `sync` domain unless `clocked=False` (purely
-combinational blocks), adds `bench(ctx)` as the only testbench and runs it to completion. No VCD is written unless
-the environment variable GA2_VCD names a file.
+combinational blocks), adds `bench(ctx)` as the only testbench and runs it to completion.
+No VCD is written unless the environment variable GA2_VCD names a file.
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ def built(component):
     return component
 
 
-def run(dut, bench, *, clocked: bool = True, domain=None, deadline: float | None = None):
+def run(dut, bench, *, clocked: bool = True, domain=None):
     """Simulate `dut` with the async testbench `bench(ctx)`; return what the testbench returned.
 
     Pass an `amaranth.hdl.ClockDomain("sync")` as `domain` to drive its `rst` from the testbench.
@@ -44,8 +44,5 @@ def run(dut, bench, *, clocked: bool = True, domain=None, deadline: float | None
         with sim.write_vcd(vcd):
             sim.run()
     else:
-        if deadline is None:
-            sim.run()
-        else:
-            sim.run_until(deadline)
+        sim.run()
     return result.get("value")
