@@ -158,6 +158,27 @@ class ReferenceMachine(Backend):
             pc = (pc + 1) & 0xFFFF
         return RunResult(ext=ext, counters=[c & _W for c in counters], trace=trace)
 
+    def run_many(self, jobs, lat: int = 8, return_errors: bool = False) -> list:
+        """Run ``(program, image[, lat])`` jobs in turn (the batch interface the RTL backends offer).
+
+        A job that does not halt raises `DidNotHalt` naming its index, or with `return_errors` leaves the
+        exception in its place in the returned list.
+        """
+        out = []
+        for n, job in enumerate(jobs):
+            job = tuple(job)
+            if len(job) not in (2, 3):
+                raise BadInput(f"job {n}: expected (program, image[, lat]), got {len(job)} items")
+            try:
+                out.append(self.run(job[0], job[1], job[2] if len(job) == 3 else lat))
+            except DidNotHalt as e:
+                if not return_errors:
+                    raise DidNotHalt(f"job {n}: {e}") from None
+                out.append(e)
+            except SimError as e:
+                raise type(e)(f"job {n}: {e}") from None
+        return out
+
     @staticmethod
     def _hang_check(o, pc, limit):
         """Unchecked mode: the cases where the hardware never raises done (hardware spec 3.3)."""

@@ -32,20 +32,35 @@ def replay(records, backend, lat: int = 8, progress=None) -> tuple[str | None, i
         except IsaError as e:
             raise _InputError(f"program {i}: {e}") from None
     total = 0
-    for i, rec in enumerate(records):
+    batch = 32 if callable(getattr(backend, "run_many", None)) else 1
+    for start in range(0, len(records), batch):
+        chunk = records[start:start + batch]
         if progress:
-            progress(i, len(records))
-        try:
-            got = backend.run(list(rec.program), list(rec.image), lat=lat)
-        except BackendUnavailable:
-            raise
-        except SimError as e:
-            return f"program {i}: {e}", total
-        expected = RunResult(ext=list(rec.expected_ext), counters=list(rec.expected_counters))
-        diff = first_difference(expected, got)
-        if diff is not None:
-            return f"program {i}: {diff}", total
-        total += got.counters[0]
+            progress(start, len(records))
+        results = None
+        if batch > 1:
+            try:
+                results = backend.run_many([(list(r.program), list(r.image)) for r in chunk], lat=lat)
+            except BackendUnavailable:
+                raise
+            except SimError:
+                results = None          # run the batch again one by one to name the program
+        for k, rec in enumerate(chunk):
+            i = start + k
+            if results is not None:
+                got = results[k]
+            else:
+                try:
+                    got = backend.run(list(rec.program), list(rec.image), lat=lat)
+                except BackendUnavailable:
+                    raise
+                except SimError as e:
+                    return f"program {i}: {e}", total
+            expected = RunResult(ext=list(rec.expected_ext), counters=list(rec.expected_counters))
+            diff = first_difference(expected, got)
+            if diff is not None:
+                return f"program {i}: {diff}", total
+            total += got.counters[0]
     return None, total
 
 
@@ -60,8 +75,7 @@ def _tty_progress():
         return None
 
     def show(i, n):
-        if i % 10 == 0 or i == n - 1:
-            print(f"\rprogram {i + 1}/{n}", end="", file=sys.stderr, flush=True)
+        print(f"\rprogram {i + 1}/{n}", end="", file=sys.stderr, flush=True)
     return show
 
 

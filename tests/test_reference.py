@@ -250,3 +250,15 @@ def test_amax_first_maximum_signed():
     r = ReferenceMachine().run(prog, image({0: [-5, -1, 9, 3, 9, 0x7FFFFFFF + 1]}))
     # 0x80000000 is the most negative word; the first 9 wins the tie; -1 > -5
     assert r.ext[100:102] == [2, 1]
+
+
+def test_run_many_matches_run_and_names_the_job():
+    d1, d2 = programs.r1(), programs.r11()
+    rm = ReferenceMachine()
+    got = rm.run_many([(list(d1.program), list(d1.image)), (list(d2.program), list(d2.image), 20)])
+    assert [g.counters for g in got] == [[85, 28, 30, 13, 6], rm.run(list(d2.program), list(d2.image), 20).counters]
+    hang = ([ld(0, 0, 1), 9 << 124], image())
+    with pytest.raises(DidNotHalt, match=r"job 1: did not halt"):
+        rm.run_many([(list(d1.program), list(d1.image)), hang])
+    res = rm.run_many([hang, (list(d1.program), list(d1.image))], return_errors=True)
+    assert isinstance(res[0], DidNotHalt) and res[1].counters[0] == 85

@@ -199,3 +199,13 @@ def test_directed_suite_file(tmp_path, capsys):
     assert capsys.readouterr().out.startswith("PASS: 44 programs match")
     assert progen_main(["--directed", "--ext", "4096", "--out", str(path)]) == 2
     assert "EXT 2048" in error_line(capsys)
+
+
+def test_replay_fail_on_a_legal_program_that_does_not_halt(tmp_path, suite, capsys):
+    from sim.hexfile import ProgramRecord
+    long = [ld(0, 0, 2048).word] * 50 + [halt().word]      # legal, but over 100,000 cycles
+    recs = [suite[0], ProgramRecord(long, [0] * 2048, [0] * 2048, [0, 0, 0, 0, 0]), suite[1]]
+    path = tmp_path / "long.hex"
+    write_records(path, recs)
+    assert replay_main([str(path)]) == 1
+    assert capsys.readouterr().out.startswith("FAIL: program 1: did not halt within 100000 cycles")
