@@ -60,6 +60,8 @@ class GA2(wiring.Component):
     ----------
     scratchpad : Scratchpad
         The 4096 x 32 scratchpad (its ``.memory`` can be read and written by a simulator).
+    state, pc, cur : Signal
+        Sequencer registers, exposed so that a simulator can say where a program hangs.
     """
 
     start:      In(1)
@@ -81,6 +83,9 @@ class GA2(wiring.Component):
 
     def __init__(self):
         self.scratchpad = Scratchpad(depth=4096, width=32)
+        self.state = Signal(SeqState)
+        self.pc = Signal(16)
+        self.cur = Signal(4, init=CUR_NONE)
         super().__init__()
 
     def elaborate(self, platform):
@@ -99,31 +104,33 @@ class GA2(wiring.Component):
         for op, unit in units.items():
             m.submodules[op.name.lower()] = unit
 
-        st = Signal(SeqState)
-        pc = Signal(16)
+        st, pc, cur = self.state, self.pc, self.cur
         ins = Signal(128)
-        cur = Signal(4, init=CUR_NONE)
         opcode = ins[124:128]
         go = Signal()
         m.d.comb += [go.eq(st == SeqState.ISSUE), self.imem_addr.eq(pc)]
 
+        # The wiring lives in two small submodules so that a simulator re-evaluates each only when its
+        # own inputs change: `decode` when a new instruction is fetched or issued, `port` when the
+        # owning unit moves its scratchpad address/write signals or the read data changes.
+        m.submodules.decode = dec = Module()
+        m.submodules.port = port = Module()
+
         # ---- units: the instruction register goes to everyone, `start` only to the named unit ----
         for op, unit in units.items():
-            m.d.comb += [
-                unit.ins.eq(ins),
-                unit.start.eq(go & (opcode == op)),
-                unit.sp_rd.eq(sp.rdata),
-            ]
+            dec.d.comb += [unit.ins.eq(ins), unit.start.eq(go & (opcode == op))]
 
         def ld_field(name):
             hi, lo = HW_OPERANDS[Op.LD][name]
             return ins[lo:hi + 1]
 
-        m.d.comb += [
+        dec.d.comb += [
             ld.start.eq(go & (opcode == Op.LD)),
             ld.dst.eq(ld_field("dst")),
             ld.src.eq(ld_field("src")),
             ld.length.eq(ld_field("len")),
+        ]
+        m.d.comb += [
             self.req_valid.eq(ld.req_valid),
             self.req_addr.eq(ld.req_addr),
             ld.resp_valid.eq(self.resp_valid),
@@ -137,20 +144,24 @@ class GA2(wiring.Component):
         ]
 
         # ---- scratchpad ownership by `cur` (spec 2.3) ----
+        # The read data is delivered to the owning unit only (the others see 0). This is invisible:
+        # a unit uses `sp_rd` only while busy, and it owns the port (cur) for its whole busy time;
+        # it spares the simulator from waking the idle units on every read.
         amax = units[Op.AMAX]
-        m.d.comb += [sp.raddr.eq(0), sp.we.eq(0), sp.waddr.eq(amax.wa), sp.wdata.eq(amax.wd)]
+        port.d.comb += [sp.raddr.eq(0), sp.we.eq(0), sp.waddr.eq(amax.wa), sp.wdata.eq(amax.wd)]
         done = Signal()
-        with m.Switch(cur):
-            with m.Case(Op.LD):
-                m.d.comb += [sp.we.eq(ld.we), sp.waddr.eq(ld.wa), sp.wdata.eq(ld.wd), done.eq(ld.done)]
-            with m.Case(Op.ST):
-                m.d.comb += [sp.raddr.eq(store.ra), done.eq(store.done)]
+        with port.Switch(cur):
+            with port.Case(Op.LD):
+                port.d.comb += [sp.we.eq(ld.we), sp.waddr.eq(ld.wa), sp.wdata.eq(ld.wd), done.eq(ld.done)]
+            with port.Case(Op.ST):
+                port.d.comb += [sp.raddr.eq(store.ra), store.sp_rd.eq(sp.rdata), done.eq(store.done)]
             for op in (Op.MM, Op.RQ, Op.SM, Op.VADD, Op.AMAX, Op.UNPACK):
                 unit = units[op]
-                with m.Case(op):
-                    m.d.comb += [sp.raddr.eq(unit.ra), sp.we.eq(unit.we), done.eq(unit.done)]
+                with port.Case(op):
+                    port.d.comb += [sp.raddr.eq(unit.ra), sp.we.eq(unit.we), unit.sp_rd.eq(sp.rdata),
+                                    done.eq(unit.done)]
                     if op != Op.AMAX:
-                        m.d.comb += [sp.waddr.eq(unit.wa), sp.wdata.eq(unit.wd)]
+                        port.d.comb += [sp.waddr.eq(unit.wa), sp.wdata.eq(unit.wd)]
 
         # ---- sequencer (spec 2.2) ----
         with m.Switch(st):

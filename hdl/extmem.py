@@ -23,6 +23,9 @@ class ExtMemory(wiring.Component):
         Number of words (EXT); addresses at or above it read 0xDEADBEEF and ignore writes.
     lat : int
         Read latency in cycles, at least 1.
+    backdoor : bool
+        Build the backdoor ports; without them ``bd_we``/``bd_wdata`` are ignored and ``bd_rdata``
+        reads 0 (a simulator then reads and writes ``memory`` directly).
 
     Ports
     -----
@@ -55,13 +58,14 @@ class ExtMemory(wiring.Component):
     bd_wdata:   In(32)
     bd_rdata:   Out(32)
 
-    def __init__(self, depth=8192, lat=8):
+    def __init__(self, depth=8192, lat=8, backdoor=True):
         if not isinstance(depth, int) or not 1 <= depth <= 1 << 16:
             raise ValueError(f"ExtMemory depth must be an integer in 1..65536, not {depth!r}")
         if not isinstance(lat, int) or lat < 1:
             raise ValueError(f"ExtMemory lat must be an integer >= 1, not {lat!r}")
         self._depth = depth
         self._lat = lat
+        self._backdoor = bool(backdoor)
         self.memory = Memory(shape=32, depth=depth, init=[])
         super().__init__()
 
@@ -77,36 +81,41 @@ class ExtMemory(wiring.Component):
         m = Module()
         m.submodules.memory = mem = self.memory
         aw = max(1, (self._depth - 1).bit_length())
+        # read path, write path and backdoor in separate submodules: a simulator then re-evaluates
+        # each one only when its own inputs change
+        m.submodules.rd = rdm = Module()
+        m.submodules.wr = wrm = Module()
 
         # Stage 0 is the read port's own output register, so its data is the value before any write
         # of the same edge (non-transparent port).
         rd = mem.read_port(transparent_for=())
-        in_range = self.req_addr < self._depth
-        m.d.comb += rd.addr.eq(self.req_addr[:aw])
+        rdm.d.comb += rd.addr.eq(self.req_addr[:aw])
         valid = Signal(name="valid0")
         oob = Signal(name="oob0")
-        m.d.sync += [valid.eq(self.req_valid), oob.eq(~in_range)]
+        rdm.d.sync += [valid.eq(self.req_valid), oob.eq(self.req_addr >= self._depth)]
         data = Signal(32, name="data0")
-        m.d.comb += data.eq(Mux(oob, POISON, rd.data))
+        rdm.d.comb += data.eq(Mux(oob, POISON, rd.data))
         for k in range(1, self._lat):
             nv = Signal(name=f"valid{k}")
             nd = Signal(32, name=f"data{k}")
-            m.d.sync += [nv.eq(valid), nd.eq(data)]
+            rdm.d.sync += [nv.eq(valid), nd.eq(data)]
             valid, data = nv, nd
-        m.d.comb += [self.resp_valid.eq(valid), self.resp_data.eq(data)]
+        rdm.d.comb += [self.resp_valid.eq(valid), self.resp_data.eq(data)]
 
         wp = mem.write_port()
         chip_we = self.wr_valid & (self.wr_addr < self._depth)
-        bd_we = self.bd_we & (self.bd_addr < self._depth)
-        m.d.comb += [
-            wp.en.eq(chip_we | bd_we),
-            wp.addr.eq(Mux(chip_we, self.wr_addr, self.bd_addr)[:aw]),
-            wp.data.eq(Mux(chip_we, self.wr_data, self.bd_wdata)),
-        ]
-
-        bd = mem.read_port(domain="comb")
-        m.d.comb += [
-            bd.addr.eq(self.bd_addr[:aw]),
-            self.bd_rdata.eq(Mux(self.bd_addr < self._depth, bd.data, 0)),
-        ]
+        if self._backdoor:
+            bd_we = self.bd_we & (self.bd_addr < self._depth)
+            wrm.d.comb += [
+                wp.en.eq(chip_we | bd_we),
+                wp.addr.eq(Mux(chip_we, self.wr_addr, self.bd_addr)[:aw]),
+                wp.data.eq(Mux(chip_we, self.wr_data, self.bd_wdata)),
+            ]
+            bd = mem.read_port(domain="comb")
+            m.d.comb += [
+                bd.addr.eq(self.bd_addr[:aw]),
+                self.bd_rdata.eq(Mux(self.bd_addr < self._depth, bd.data, 0)),
+            ]
+        else:
+            wrm.d.comb += [wp.en.eq(chip_we), wp.addr.eq(self.wr_addr[:aw]), wp.data.eq(self.wr_data)]
         return m

@@ -26,6 +26,11 @@ class ChipHarness(wiring.Component):
         External read latency LAT.
     rom_words : int
         Program ROM depth; the chip's ``imem_addr`` is taken modulo it (the book's ROM: 256).
+    backdoor : bool
+        Build the backdoor write ports (needed by simulators that cannot poke memories). Without
+        them the ``rom_*``/``ext_*`` ports are ignored (``ext_rdata`` reads 0) and the memories must be
+        loaded and read directly;
+        Amaranth's simulator runs faster that way (a write port is evaluated on every cycle).
 
     Ports
     -----
@@ -66,13 +71,14 @@ class ChipHarness(wiring.Component):
     ext_wdata: In(32)
     ext_rdata: Out(32)
 
-    def __init__(self, ext_words=8192, lat=8, rom_words=256):
+    def __init__(self, ext_words=8192, lat=8, rom_words=256, backdoor=True):
         if not isinstance(rom_words, int) or rom_words < 1 or rom_words & (rom_words - 1):
             raise ValueError(f"rom_words must be a power of two, not {rom_words!r}")
         if rom_words > 256:
             raise ValueError(f"rom_words = {rom_words}: the backdoor ROM address has 8 bits (at most 256)")
         self.chip = GA2()
-        self.extmem = ExtMemory(ext_words, lat)
+        self.backdoor = bool(backdoor)
+        self.extmem = ExtMemory(ext_words, lat, backdoor=self.backdoor)
         self.ext = self.extmem.memory
         self.rom = Memory(shape=128, depth=rom_words, init=[])
         self._rom_bits = max(1, (rom_words - 1).bit_length())
@@ -84,33 +90,44 @@ class ChipHarness(wiring.Component):
         m.submodules.extmem = ext = self.extmem
         m.submodules.rom = rom = self.rom
 
+        # Small submodules, grouped by how often their signals change, keep the simulator from
+        # re-evaluating all the wiring every cycle.
+        m.submodules.fetch = fw = Module()
+        m.submodules.rdbus = rw = Module()
+        m.submodules.wrbus = ww = Module()
+        m.submodules.status = sw = Module()
+
         fetch = rom.read_port(domain="comb")
-        m.d.comb += [
+        fw.d.comb += [
             fetch.addr.eq(chip.imem_addr[:self._rom_bits]),
             chip.imem_data.eq(fetch.data),
         ]
-        load = rom.write_port()
-        m.d.comb += [
-            load.en.eq(self.rom_we),
-            load.addr.eq(self.rom_addr[:self._rom_bits]),
-            load.data.eq(self.rom_wdata),
-        ]
+        if self.backdoor:
+            load = rom.write_port()
+            m.d.comb += [
+                load.en.eq(self.rom_we),
+                load.addr.eq(self.rom_addr[:self._rom_bits]),
+                load.data.eq(self.rom_wdata),
+            ]
+            m.d.comb += [
+                ext.bd_we.eq(self.ext_we),
+                ext.bd_wdata.eq(self.ext_wdata),
+                ext.bd_addr.eq(self.ext_addr),
+                self.ext_rdata.eq(ext.bd_rdata),
+            ]
 
-        m.d.comb += [
+        rw.d.comb += [
             ext.req_valid.eq(chip.req_valid),
             ext.req_addr.eq(chip.req_addr),
             chip.resp_valid.eq(ext.resp_valid),
             chip.resp_data.eq(ext.resp_data),
+        ]
+        ww.d.comb += [
             ext.wr_valid.eq(chip.wr_valid),
             ext.wr_addr.eq(chip.wr_addr),
             ext.wr_data.eq(chip.wr_data),
-            ext.bd_we.eq(self.ext_we),
-            ext.bd_addr.eq(self.ext_addr),
-            ext.bd_wdata.eq(self.ext_wdata),
-            self.ext_rdata.eq(ext.bd_rdata),
         ]
-
-        m.d.comb += [
+        sw.d.comb += [
             chip.start.eq(self.start),
             self.halted.eq(chip.halted),
             self.cyc_total.eq(chip.cyc_total),

@@ -1,0 +1,184 @@
+"""The Amaranth-simulator backend: runs programs on the RTL of the chip (GA2 + ROM + ExtMemory).
+
+One `Simulator` per (EXT, LAT) is built on first use and reused: `Simulator.reset()` returns every
+register and memory to its initial (zero) state, which also zeroes the scratchpad as the book's
+testbench does. The ROM and the image are written into the memories before `start`; during the run the
+testbench only wakes every `check_every` cycles to look at `halted` (the chip is frozen once halted,
+so the counters are exact whatever the overshoot).
+"""
+from __future__ import annotations
+
+from amaranth.hdl import ClockDomain, Module
+from amaranth.sim import Simulator
+
+from hdl.chip import SeqState
+from hdl.harness import ChipHarness
+from hdl.isa import ROM_WORDS, Instr, Op, encode
+from sim.backend import MAX_CYCLES, Backend, DidNotHalt, RunResult, SimError
+
+__all__ = ["AmaranthBackend", "BadInput"]
+
+_W = 0xFFFFFFFF
+_PERIOD = 1e-6
+
+
+class BadInput(SimError):
+    """A program, image or option the backend cannot take (the message names the value)."""
+
+
+class _Rig:
+    """One simulator of the harness for one (EXT, LAT), with the job it is to run next."""
+
+    def __init__(self, ext_words, lat):
+        self.harness = ChipHarness(ext_words=ext_words, lat=lat, backdoor=False)
+        top = Module()
+        top.domains.sync = self.cd = ClockDomain("sync")
+        top.submodules.harness = self.harness
+        self.sim = Simulator(top)
+        self.sim.add_clock(_PERIOD)
+        self.sim.add_testbench(self._bench)
+        self.job = None
+        self.fresh = True
+
+    async def _bench(self, ctx):
+        job = self.job
+        if job is None:          # the simulator is built before any job: nothing to do yet
+            return
+        h = self.harness
+        for i, w in enumerate(job.rom):
+            if w:
+                ctx.set(h.rom.data[i], w)
+        for i, w in enumerate(job.image):
+            if w:                # memories start at zero after reset: write only the rest
+                ctx.set(h.ext.data[i], w)
+        ctx.set(self.cd.rst, 1)
+        await ctx.tick()
+        ctx.set(self.cd.rst, 0)
+        ctx.set(h.start, 1)
+        await ctx.tick()
+        ctx.set(h.start, 0)
+        elapsed = 0
+        # a run never needs more than max_cycles + 2 edges (cyc_total counts from the first FETCH)
+        budget = job.max_cycles + 2
+        while not ctx.get(h.halted) and elapsed < budget:
+            step = min(job.check_every, budget - elapsed)
+            await ctx.delay(step * _PERIOD)
+            elapsed += step
+        chip = h.chip
+        job.halted = ctx.get(h.halted)
+        job.counters = [ctx.get(c) for c in (h.cyc_total, h.cyc_mm, h.cyc_dma, h.cyc_vec, h.n_inst)]
+        job.where = (ctx.get(chip.pc), ctx.get(chip.cur), ctx.get(chip.state))
+        job.ext = [ctx.get(h.ext.data[i]) for i in range(len(job.image))]
+
+    def run(self, job, vcd=None):
+        if not self.fresh:
+            self.sim.reset()
+        self.fresh = False
+        self.job = job
+        try:
+            if vcd:
+                with self.sim.write_vcd(vcd):
+                    self.sim.run()
+            else:
+                self.sim.run()
+        finally:
+            self.job = None
+
+
+class _Job:
+    def __init__(self, rom, image, max_cycles, check_every):
+        self.rom = rom
+        self.image = image
+        self.max_cycles = max_cycles
+        self.check_every = check_every
+        self.halted = False
+        self.counters = None
+        self.where = None
+        self.ext = None
+
+
+def _program_words(program):
+    words = []
+    for i, w in enumerate(program):
+        if isinstance(w, Instr):
+            w = encode(w)
+        if isinstance(w, bool) or not isinstance(w, int) or not 0 <= w < (1 << 128):
+            raise BadInput(f"program word {i} = {w!r} is not a 128-bit unsigned integer or Instr")
+        words.append(w)
+    if len(words) > ROM_WORDS:
+        raise BadInput(f"the program has {len(words)} instructions; the program ROM holds {ROM_WORDS}")
+    return words
+
+
+def _image_words(image):
+    ext = list(image)
+    if not 1 <= len(ext) <= 1 << 16:
+        raise BadInput(f"the external memory image has {len(ext)} words (1..65536 allowed)")
+    for i, w in enumerate(ext):
+        if isinstance(w, bool) or not isinstance(w, int) or not -(1 << 31) <= w < (1 << 32):
+            raise BadInput(f"external word {i} = {w!r} is not a 32-bit value")
+    return [w & _W for w in ext]
+
+
+class AmaranthBackend(Backend):
+    """Run programs on the chip's RTL in Amaranth's Python simulator.
+
+    Parameters
+    ----------
+    max_cycles : int
+        Give up (`DidNotHalt`) when the chip has not halted within this many cycles.
+    vcd : str or None
+        Write a waveform of each run to this path (the last run wins); none when ``None``.
+    check_every : int
+        How many cycles the testbench sleeps between looks at ``halted``: larger is faster per cycle
+        but simulates up to that many idle cycles after the HALT.
+    """
+    name = "amaranth"
+
+    def __init__(self, max_cycles: int = MAX_CYCLES, vcd=None, check_every: int = 128):
+        if isinstance(max_cycles, bool) or not isinstance(max_cycles, int) or max_cycles < 1:
+            raise BadInput(f"max_cycles = {max_cycles!r} must be a positive integer")
+        if isinstance(check_every, bool) or not isinstance(check_every, int) or check_every < 1:
+            raise BadInput(f"check_every = {check_every!r} must be a positive integer")
+        self.max_cycles = max_cycles
+        self.vcd = vcd
+        self.check_every = check_every
+        self._rigs: dict[tuple[int, int], _Rig] = {}
+
+    def _rig(self, ext_words, lat):
+        key = (ext_words, lat)
+        if key not in self._rigs:
+            self._rigs[key] = _Rig(ext_words, lat)
+        return self._rigs[key]
+
+    def run(self, program, image, lat: int = 8) -> RunResult:
+        """Run `program` (128-bit words or Instr, HALT last) on `image` (EXT words) with latency `lat`."""
+        if isinstance(lat, bool) or not isinstance(lat, int) or lat < 1:
+            raise BadInput(f"lat = {lat!r} must be an integer >= 1")
+        rom = _program_words(program)
+        ext = _image_words(image)
+        job = _Job(rom, ext, self.max_cycles, self.check_every)
+        self._rig(len(ext), lat).run(job, self.vcd)
+        total = job.counters[0]
+        if not job.halted or total > self.max_cycles:
+            pc, cur, state = job.where
+            raise DidNotHalt(f"did not halt within {self.max_cycles} cycles "
+                             f"({_where(pc, cur, state, rom)})")
+        return RunResult(ext=job.ext, counters=job.counters)
+
+    def run_many(self, jobs, lat: int = 8) -> list[RunResult]:
+        """Run several (program, image) pairs in turn on the same simulators."""
+        return [self.run(program, image, lat) for program, image in jobs]
+
+
+def _where(pc, cur, state, rom):
+    state = SeqState(state)
+    if state == SeqState.HALT:
+        return f"halted after the limit, pc {pc}"
+    if state == SeqState.WAIT:
+        try:
+            name = Op(cur).name
+        except ValueError:
+            return f"pc {pc}: illegal opcode {cur} waits forever"
+        return f"pc {pc}: still waiting on {name}"
+    return f"pc {pc}, sequencer in {state.name}"
