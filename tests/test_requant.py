@@ -68,8 +68,10 @@ def edge_cases():
                 for sign in (1, -1):
                     for relu in (0, 1):
                         cases.append((sign * acc, m, s, relu))
-        # one less than a tie rounds toward zero (and the largest mantissa at the same shift)
-        cases.append(((1 << (s - 1 - lg)) * 3 - 1 if s - 1 - lg > 0 else 2, m, s, 0))
+        # just below and just above a tie (acc*m = tie -+ m), and the largest mantissa at this shift
+        tie = 5 << (s - 1 - lg)
+        for acc in (tie - 1, tie + 1, -(tie - 1), -(tie + 1)):
+            cases.append((acc, m, s, 0))
         cases.append((-12345, (1 << 24) - 1, s, 0))
     return cases
 
