@@ -43,6 +43,14 @@ BLOCKS = {
     "softmax":    lazy("hdl.softmax", "Softmax", 4),
     "unit_mm":    lazy("hdl.unit_mm", "MatrixUnit"),
     "unit_sm":    lazy("hdl.unit_sm", "SoftmaxUnit"),
+    "unit_st":     lazy("hdl.unit_st", "StoreUnit"),
+    "unit_rq":     lazy("hdl.unit_rq", "RequantUnit"),
+    "unit_vadd":   lazy("hdl.unit_vadd", "VaddUnit"),
+    "unit_amax":   lazy("hdl.unit_amax", "ArgmaxUnit"),
+    "unit_unpack": lazy("hdl.unit_unpack", "UnpackUnit"),
+    "extmem":      lazy("hdl.extmem", "ExtMemory", 2048, 8),
+    "ga2":         lazy("hdl.chip", "GA2"),
+    "harness":     lazy("hdl.harness", "ChipHarness", 8192, 8),
 }
 
 # Warnings waived for generated code, with the reason. Everything else, -Wall included, must be clean.
