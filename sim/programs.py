@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from hdl.isa import Instr, amax, halt, ld, mm, rq, sm, st, unpack, vadd
+from hdl.isa import amax, halt, ld, mm, rq, sm, st, unpack, vadd
 
 __all__ = ["Directed", "EXT", "r1", "r2", "r3", "r4", "r5", "r7_chip", "r11", "all_directed",
            "directed_suite", "R1_CODE", "R2_EXTRA_CODE", "R11_UNPACK_CODE"]

@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pytest
 
-from hdl.isa import Instr, Op, amax, halt, ld, mm, rq, sm, st, unpack, vadd
+from hdl.isa import Instr, Op, amax, halt, ld, mm, rq, sm, st, vadd
 from sim import programs
 from sim.backend import DidNotHalt, SimError
 from sim.reference import BadInput, IllegalInstruction, ReferenceMachine
