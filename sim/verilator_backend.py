@@ -19,6 +19,7 @@ import time
 from array import array
 from pathlib import Path
 
+from hdl.isa import Instr, encode
 from sim.backend import Backend, BackendUnavailable, DidNotHalt, MAX_CYCLES, RunResult, SimError
 
 __all__ = ["VerilatorBackend", "default_build_root"]
@@ -73,20 +74,39 @@ def _find_tool() -> tuple[list[str], str]:
     return _tool_cache["tool"]
 
 
+def _digest(*parts: str) -> str:
+    h = hashlib.sha256()
+    for part in parts:
+        h.update(part.encode())
+        h.update(b"\0")
+    return h.hexdigest()[:20]
+
+
+def _amaranth_version() -> str:
+    from importlib.metadata import version
+    return version("amaranth")
+
+
 def _chip_harness(ext: int, lat: int):
     from hdl.harness import ChipHarness
     return ChipHarness(ext_words=ext, lat=lat)
 
 
 def _as_word(ins, index: int) -> int:
-    if not isinstance(ins, int):
-        word = getattr(ins, "word", None)       # an hdl.isa.Instr
-        if word is None:
-            raise SimError(f"instruction {index}: {ins!r} is neither a 128-bit word nor an Instr")
-        ins = word
-    if not 0 <= ins < (1 << 128):
-        raise SimError(f"instruction {index}: word {ins!r} is not a 128-bit unsigned integer")
+    if isinstance(ins, Instr):
+        ins = encode(ins)
+    if isinstance(ins, bool) or not isinstance(ins, int) or not 0 <= ins < (1 << 128):
+        raise SimError(f"program word {index} = {ins!r} is not a 128-bit unsigned integer or Instr")
     return ins
+
+
+def _as_image(image) -> array:
+    """The image as unsigned words; signed 32-bit values are accepted and stored as the chip stores them."""
+    words = list(image)
+    for i, w in enumerate(words):
+        if isinstance(w, bool) or not isinstance(w, int) or not -(1 << 31) <= w < (1 << 32):
+            raise SimError(f"external word {i} = {w!r} is not a 32-bit value")
+    return array("I", [w & 0xFFFFFFFF for w in words])
 
 
 class VerilatorBackend(Backend):
@@ -136,18 +156,30 @@ class VerilatorBackend(Backend):
         key = (ext, lat)
         if key in self._models:
             return self._models[key]
+        driver = DRIVER.read_text()
+        defines = [f"-DGA2_EXT={ext}", f"-DGA2_LAT={lat}"]
+        # Emitting the chip's Verilog takes seconds, so for the default design a shortcut maps the
+        # hdl/ sources (+ everything else that goes into the model) to the model built from them.
+        shortcut = None
+        if self.design is _chip_harness:
+            import hdl
+            sources = sorted(Path(hdl.__file__).parent.glob("*.py"))
+            shortcut = self.build_root / "by-source" / _digest(
+                *(f.name + "\0" + f.read_text() for f in sources),
+                _amaranth_version(), driver, self.version, " ".join(VERILATOR_FLAGS + defines))
+            try:
+                exe = self.build_root / shortcut.read_text().strip() / EXE
+                if exe.exists():
+                    self._models[key] = exe
+                    return exe
+            except OSError:
+                pass
         from amaranth.back import verilog
         try:
             verilog_text = verilog.convert(self.design(ext, lat), name=TOP, emit_src=False)
         except ImportError as e:
-            raise BackendUnavailable(f"the chip harness cannot be imported yet ({e})") from None
-        driver = DRIVER.read_text()
-        defines = [f"-DGA2_EXT={ext}", f"-DGA2_LAT={lat}"]
-        h = hashlib.sha256()
-        for part in (verilog_text, driver, self.version, " ".join(VERILATOR_FLAGS + defines)):
-            h.update(part.encode())
-            h.update(b"\0")
-        digest = h.hexdigest()[:20]
+            raise BackendUnavailable(f"the chip harness cannot be imported ({e})") from None
+        digest = _digest(verilog_text, driver, self.version, " ".join(VERILATOR_FLAGS + defines))
         final = self.build_root / digest
         exe = final / EXE
         if not exe.exists():
@@ -158,6 +190,11 @@ class VerilatorBackend(Backend):
                 fcntl.flock(lock, fcntl.LOCK_EX)
                 if not exe.exists():
                     self._build(final, verilog_text, driver, defines, ext, lat)
+        if shortcut is not None:
+            shortcut.parent.mkdir(parents=True, exist_ok=True)
+            tmp = shortcut.with_name(f".{shortcut.name}.{os.getpid()}")
+            tmp.write_text(digest + "\n")
+            os.replace(tmp, shortcut)
         self._models[key] = exe
         return exe
 
@@ -200,10 +237,12 @@ class VerilatorBackend(Backend):
     def run(self, program, image, lat: int = 8) -> RunResult:
         return self.run_many([(program, image, lat)])[0]
 
-    def run_many(self, jobs) -> list[RunResult]:
-        """Run many ``(program, image, lat)`` jobs (``lat`` optional, default 8); one process per (EXT, LAT).
+    def run_many(self, jobs, lat: int = 8, return_errors: bool = False) -> list[RunResult]:
+        """Run many ``(program, image[, lat])`` jobs (``lat`` defaults to the argument) in one process
+        invocation per (EXT, LAT).
 
-        Raises `DidNotHalt` naming the first job (by index) that did not halt.
+        A job that does not halt raises `DidNotHalt` naming it by index, or, with `return_errors`, leaves
+        the `DidNotHalt` exception in its place in the returned list.
         """
         jobs = [tuple(j) for j in jobs]
         groups: dict[tuple[int, int], list[int]] = {}
@@ -212,32 +251,34 @@ class VerilatorBackend(Backend):
             if len(job) not in (2, 3):
                 raise SimError(f"job {n}: expected (program, image[, lat]), got {len(job)} items")
             program, image = job[0], job[1]
-            lat = job[2] if len(job) == 3 else 8
-            if not isinstance(lat, int) or not 1 <= lat <= 1024:
-                raise SimError(f"job {n}: latency LAT must be a whole number in 1..1024, got {lat!r}")
-            words = [_as_word(w, i) for i, w in enumerate(program)]
-            if not 1 <= len(words) <= ROM_WORDS:
-                raise SimError(f"job {n}: a program has 1..{ROM_WORDS} instructions (the ROM size), "
-                               f"got {len(words)}")
+            job_lat = job[2] if len(job) == 3 else lat
+            where = f"job {n}: " if len(jobs) > 1 else ""
+            if isinstance(job_lat, bool) or not isinstance(job_lat, int) or not 1 <= job_lat <= 1024:
+                raise SimError(f"{where}lat = {job_lat!r} must be a whole number in 1..1024")
             try:
-                img = array("I", image)
-            except (OverflowError, TypeError):
-                bad = next((v for v in image if not isinstance(v, int) or not 0 <= v < (1 << 32)), None)
-                raise SimError(f"job {n}: external memory word {bad!r} is not an unsigned 32-bit value") from None
+                words = [_as_word(w, i) for i, w in enumerate(program)]
+                img = _as_image(image)
+            except SimError as e:
+                raise SimError(where + str(e)) from None
+            if len(words) > ROM_WORDS:
+                raise SimError(f"{where}the program has {len(words)} instructions; the program ROM holds "
+                               f"{ROM_WORDS}")
             if not 1 <= len(img) <= (1 << 16):
-                raise SimError(f"job {n}: external memory of {len(img)} words (the chip addresses 1..65536)")
+                raise SimError(f"{where}an external memory of {len(img)} words: the chip addresses 1..65536")
             prepared.append((words, img))
-            groups.setdefault((len(img), lat), []).append(n)
+            groups.setdefault((len(img), job_lat), []).append(n)
 
         results: list[RunResult | None] = [None] * len(jobs)
         self.last_run_seconds = 0.0
         self.last_wall_seconds = 0.0
-        for (ext, lat), members in groups.items():
-            exe = self.model(ext, lat)
+        for (ext, group_lat), members in groups.items():
+            exe = self.model(ext, group_lat)
             for n, res in zip(members, self._invoke(exe, ext, [prepared[n] for n in members])):
                 if res is None:
-                    raise DidNotHalt(f"did not halt within {self.max_cycles} cycles"
+                    res = DidNotHalt(f"did not halt within {self.max_cycles} cycles"
                                      + (f" (job {n})" if len(jobs) > 1 else ""))
+                    if not return_errors:
+                        raise res
                 results[n] = res
         return results
 
