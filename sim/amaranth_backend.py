@@ -39,18 +39,21 @@ class _Rig:
         self.sim.add_testbench(self._bench)
         self.job = None
         self.fresh = True
+        # the memory rows, built once: indexing a MemoryData makes a new object every time
+        self.rom_rows = [self.harness.rom.data[i] for i in range(self.harness.rom.depth)]
+        self.ext_rows = [self.harness.ext.data[i] for i in range(ext_words)]
 
     async def _bench(self, ctx):
         job = self.job
         if job is None:          # the simulator is built before any job: nothing to do yet
             return
         h = self.harness
-        for i, w in enumerate(job.rom):
+        for row, w in zip(self.rom_rows, job.rom):
             if w:
-                ctx.set(h.rom.data[i], w)
-        for i, w in enumerate(job.image):
+                ctx.set(row, w)
+        for row, w in zip(self.ext_rows, job.image):
             if w:                # memories start at zero after reset: write only the rest
-                ctx.set(h.ext.data[i], w)
+                ctx.set(row, w)
         ctx.set(self.cd.rst, 1)
         await ctx.tick()
         ctx.set(self.cd.rst, 0)
@@ -68,7 +71,7 @@ class _Rig:
         job.halted = ctx.get(h.halted)
         job.counters = [ctx.get(c) for c in (h.cyc_total, h.cyc_mm, h.cyc_dma, h.cyc_vec, h.n_inst)]
         job.where = (ctx.get(chip.pc), ctx.get(chip.cur), ctx.get(chip.state))
-        job.ext = [ctx.get(h.ext.data[i]) for i in range(len(job.image))]
+        job.ext = [ctx.get(row) for row in self.ext_rows]
 
     def run(self, job, vcd=None):
         if not self.fresh:
@@ -166,9 +169,26 @@ class AmaranthBackend(Backend):
                              f"({_where(pc, cur, state, rom)})")
         return RunResult(ext=job.ext, counters=job.counters)
 
-    def run_many(self, jobs, lat: int = 8) -> list[RunResult]:
-        """Run several (program, image) pairs in turn on the same simulators."""
-        return [self.run(program, image, lat) for program, image in jobs]
+    def run_many(self, jobs, lat: int = 8, return_errors: bool = False) -> list:
+        """Run ``(program, image[, lat])`` jobs in turn on the same simulators (``lat`` is the default).
+
+        A job that does not halt raises `DidNotHalt` naming its index, or, with `return_errors`, leaves
+        the exception in its place in the returned list.
+        """
+        out = []
+        for n, job in enumerate(jobs):
+            job = tuple(job)
+            if len(job) not in (2, 3):
+                raise BadInput(f"job {n}: expected (program, image[, lat]), got {len(job)} items")
+            try:
+                out.append(self.run(job[0], job[1], job[2] if len(job) == 3 else lat))
+            except DidNotHalt as e:
+                if not return_errors:
+                    raise DidNotHalt(f"job {n}: {e}") from None
+                out.append(e)
+            except SimError as e:
+                raise type(e)(f"job {n}: {e}") from None
+        return out
 
 
 def _where(pc, cur, state, rom):

@@ -244,3 +244,14 @@ def test_scratchpad_starts_zeroed_on_every_run():
     BACKEND.run(writer, image)
     got = BACKEND.run(reader, [0] * 2048)
     assert got.ext[10] == 0
+
+
+def test_run_many_names_the_job_that_hangs():
+    backend = AmaranthBackend(max_cycles=100)
+    good = ([isa.ld(0, 0, 2).word, 0], [7] * 2048)
+    bad = ([9 << 124, 0], [0] * 2048, 8)
+    res = backend.run_many([good, bad], return_errors=True)
+    assert res[0].counters == [isa.busy_cycles(isa.ld(0, 0, 2)) + 4, 0, 11, 0, 1]
+    assert isinstance(res[1], DidNotHalt)
+    with pytest.raises(DidNotHalt, match=r"^job 1: did not halt within 100 cycles"):
+        backend.run_many([good, bad])
