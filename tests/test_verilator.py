@@ -175,29 +175,16 @@ def test_signed_image_words_are_stored_as_unsigned(build_root):
     assert r.ext[:2] == [0xFFFFFFFE, 0xFFFFFFFF]
 
 
-class Renamed(wiring.Component):
-    """The stand-in with its `halted` port named `stopped`: the C++ driver cannot compile against it."""
-    def __init__(self, ext_words, lat):
-        self.inner = StandIn(ext_words, lat)
-        members = dict(self.inner.signature.members)
-        members["stopped"] = members.pop("halted")
-        super().__init__(wiring.Signature(members))
-
-    def elaborate(self, platform):
-        m = Module()
-        m.submodules.inner = inner = self.inner
-        for name, member in self.signature.members.items():
-            theirs = getattr(inner, "halted" if name == "stopped" else name)
-            ours = getattr(self, name)
-            m.d.comb += theirs.eq(ours) if member.flow == wiring.In else ours.eq(theirs)
-        return m
-
-
-def test_failed_build_is_backend_unavailable(tmp_path):
-    be = VerilatorBackend(build_dir=tmp_path, design=Renamed)
+def test_failed_build_is_backend_unavailable(tmp_path, monkeypatch):
+    import sim.verilator_backend as vb
+    # an option Verilator refuses makes the build fail at once (a C++ error would take seconds)
+    monkeypatch.setattr(vb, "VERILATOR_FLAGS", vb.VERILATOR_FLAGS + ["--no-such-option"])
+    be = VerilatorBackend(build_dir=tmp_path, design=StandIn)
     with pytest.raises(BackendUnavailable, match="build failed .* see .*-build.log") as e:
         be.run([0], [0] * 64, 3)
     assert "\n" not in str(e.value)
+    log = str(e.value).rsplit("see ", 1)[1]
+    assert "no-such-option" in open(log).read()
     assert not [p for p in tmp_path.iterdir() if p.is_dir()]     # nothing half-built left behind
 
 
@@ -254,3 +241,51 @@ def test_second_backend_reuses_the_chip_model(chip):
     again = VerilatorBackend()
     assert again.model(2048, 8) == exe
     assert again.builds == 0
+
+
+# ---- sim.fuzz -------------------------------------------------------------------------------------
+
+class _MiscountsMM:
+    """The reference machine with a planted bug: any program containing an MM reports one cycle too many."""
+    name = "broken"
+
+    def __init__(self):
+        from sim.reference import ReferenceMachine
+        self.inner = ReferenceMachine()
+
+    def run(self, program, image, lat=8):
+        from hdl.isa import Op, operands
+        r = self.inner.run(program, image, lat)
+        if any(operands(w)["op"] == Op.MM for w in program):
+            r.counters[1] += 1
+        return r
+
+
+def test_fuzz_names_the_first_differing_instruction_and_counter():
+    import io
+    from hdl.isa import Op, operands
+    from sim.fuzz import fuzz
+    from sim.progen import random_program
+    from sim.reference import ReferenceMachine
+    out = io.StringIO()
+    summary = fuzz(_MiscountsMM(), ReferenceMachine(), count=6, seed=11, out=out)
+    rng = random.Random(11)
+    pairs = [random_program(rng, 2048) for _ in range(6)]
+    has_mm = lambda p: any(operands(w)["op"] == Op.MM for w in p)      # noqa: E731
+    with_mm = [i for i, (p, _) in enumerate(pairs) if has_mm(p)]
+    assert with_mm and summary["failures"] == len(with_mm)
+    lines = out.getvalue().splitlines()
+    assert len(lines) == len(with_mm)
+    for i, line in zip(with_mm, lines):
+        program, image = pairs[i]
+        first_mm = next(pc for pc, w in enumerate(program) if operands(w)["op"] == Op.MM)
+        mm_cycles = ReferenceMachine().run(program, image, 8).counters[1]
+        assert line.startswith(f"FAIL program {i} (seed 11): first differing instruction pc {first_mm} (mm ")
+        assert line.endswith(f"counter cyc_mm: expected {mm_cycles}, got {mm_cycles + 1}")
+
+
+def test_fuzz_command_on_verilator(capsys):
+    from sim.fuzz import main
+    assert main(["--sim", "verilator", "--count", "8", "--seed", "5"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("PASS: 8/8 programs identical on verilator and reference (seed 5, EXT 2048, LAT 8")
