@@ -4,7 +4,7 @@ A read requested in cycle c is answered in cycle c+LAT with the data as it was i
 past the end); a write lands at the edge when `wr_valid` is high, and writes past the end are dropped.
 """
 
-from amaranth.hdl import Module, Mux, Signal
+from amaranth.hdl import Cat, Module, Mux, Signal
 from amaranth.lib import wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
@@ -95,11 +95,12 @@ class ExtMemory(wiring.Component):
         rdm.d.sync += [valid.eq(self.req_valid), oob.eq(self.req_addr >= self._depth)]
         data = Signal(32, name="data0")
         rdm.d.comb += data.eq(Mux(oob, POISON, rd.data))
-        for k in range(1, self._lat):
-            nv = Signal(name=f"valid{k}")
-            nd = Signal(32, name=f"data{k}")
-            rdm.d.sync += [nv.eq(valid), nd.eq(data)]
-            valid, data = nv, nd
+        # Stages 1 .. LAT-1 as one shift register of (valid, data) pairs, 33 bits a stage, stage 1
+        # lowest: the same registers, but one signal for the simulator to update instead of 2(LAT-1).
+        if self._lat > 1:
+            pipe = Signal(33 * (self._lat - 1), name="pipe")
+            rdm.d.sync += pipe.eq(Cat(data, valid, pipe[:-33]))
+            data, valid = pipe[-33:-1], pipe[-1]
         rdm.d.comb += [self.resp_valid.eq(valid), self.resp_data.eq(data)]
 
         wp = mem.write_port()

@@ -5,7 +5,7 @@ Element k is compared in W(k+2); the index is written once, in W(len+2) while `f
 """
 
 from amaranth.hdl import Module, Signal, signed
-from amaranth.lib import wiring
+from amaranth.lib import data, wiring
 from amaranth.lib.wiring import In, Out
 
 from .isa import HW_OPERANDS, Op
@@ -16,6 +16,10 @@ __all__ = ["ArgmaxUnit"]
 def _operand(ins, op, name):
     hi, lo = HW_OPERANDS[op][name]
     return ins[lo:hi + 1]
+
+
+# The latched operands, one register (a simulator then updates one signal instead of one per field).
+_Operands = data.StructLayout({"src": 12, "dst": 12, "len": 12})
 
 
 class ArgmaxUnit(wiring.Component):
@@ -49,9 +53,8 @@ class ArgmaxUnit(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        src = Signal(12)
-        dst = Signal(12)
-        n = Signal(12)
+        opr = Signal(_Operands)
+        src, dst, n = opr.src, opr.dst, opr.len
         i = Signal(12)
         j = Signal(12)
         bidx = Signal(12)

@@ -5,7 +5,7 @@ combinational requantizer and is written at the end of W(k+2); `done` is high in
 """
 
 from amaranth.hdl import Module, Signal
-from amaranth.lib import wiring
+from amaranth.lib import data, wiring
 from amaranth.lib.wiring import In, Out
 
 from .isa import HW_OPERANDS, Op
@@ -17,6 +17,10 @@ __all__ = ["RequantUnit"]
 def _operand(ins, op, name):
     hi, lo = HW_OPERANDS[op][name]
     return ins[lo:hi + 1]
+
+
+# The latched operands, one register (a simulator then updates one signal instead of one per field).
+_Operands = data.StructLayout({"src": 12, "dst": 12, "len": 12, "m": 24, "s": 6, "relu": 1})
 
 
 class RequantUnit(wiring.Component):
@@ -51,12 +55,8 @@ class RequantUnit(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         m.submodules.requant = rq = Requantizer()
-        src = Signal(12)
-        dst = Signal(12)
-        n = Signal(12)
-        mant = Signal(24)
-        shift = Signal(6)
-        relu = Signal()
+        opr = Signal(_Operands)
+        src, dst, n, mant, shift, relu = opr.src, opr.dst, opr.len, opr.m, opr.s, opr.relu
         i = Signal(12)
         j = Signal(12)
         v = Signal()

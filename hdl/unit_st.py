@@ -5,7 +5,7 @@ scratchpad's read register; `done` is high in W(len+2).
 """
 
 from amaranth.hdl import Module, Signal
-from amaranth.lib import wiring
+from amaranth.lib import data, wiring
 from amaranth.lib.wiring import In, Out
 
 from .isa import HW_OPERANDS, Op
@@ -16,6 +16,10 @@ __all__ = ["StoreUnit"]
 def _operand(ins, op, name):
     hi, lo = HW_OPERANDS[op][name]
     return ins[lo:hi + 1]
+
+
+# The latched operands, one register (a simulator then updates one signal instead of one per field).
+_Operands = data.StructLayout({"src": 12, "dst": 16, "len": 12})
 
 
 class StoreUnit(wiring.Component):
@@ -49,9 +53,8 @@ class StoreUnit(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        src = Signal(12)
-        dst = Signal(16)
-        n = Signal(12)
+        opr = Signal(_Operands)
+        src, dst, n = opr.src, opr.dst, opr.len
         i = Signal(12)
         j = Signal(12)
         v = Signal()

@@ -5,7 +5,7 @@ and its nibbles 0..7 are written in W(10i+3) .. W(10i+10) (WR); `done` is high i
 """
 
 from amaranth.hdl import Module, Signal
-from amaranth.lib import enum, wiring
+from amaranth.lib import data, enum, wiring
 from amaranth.lib.wiring import In, Out
 
 from .isa import HW_OPERANDS, Op
@@ -16,6 +16,10 @@ __all__ = ["UnpackUnit"]
 def _operand(ins, op, name):
     hi, lo = HW_OPERANDS[op][name]
     return ins[lo:hi + 1]
+
+
+# The latched operands, one register (a simulator then updates one signal instead of one per field).
+_Operands = data.StructLayout({"src": 12, "dst": 12, "len": 12})
 
 
 class _Phase(enum.Enum, shape=2):
@@ -55,9 +59,8 @@ class UnpackUnit(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        src = Signal(12)
-        dst = Signal(12)
-        n = Signal(12)
+        opr = Signal(_Operands)
+        src, dst, n = opr.src, opr.dst, opr.len
         i = Signal(12)
         j = Signal(3)
         w = Signal(32)

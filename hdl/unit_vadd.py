@@ -5,7 +5,7 @@ The two operands are read alternately: src1[k] in W(2k+1), src2[k] in W(2k+2); t
 """
 
 from amaranth.hdl import Module, Mux, Signal, signed
-from amaranth.lib import wiring
+from amaranth.lib import data, wiring
 from amaranth.lib.wiring import In, Out
 
 from .isa import HW_OPERANDS, Op
@@ -16,6 +16,10 @@ __all__ = ["VaddUnit"]
 def _operand(ins, op, name):
     hi, lo = HW_OPERANDS[op][name]
     return ins[lo:hi + 1]
+
+
+# The latched operands, one register (a simulator then updates one signal instead of one per field).
+_Operands = data.StructLayout({"src1": 12, "src2": 12, "dst": 12, "len": 16})
 
 
 class VaddUnit(wiring.Component):
@@ -49,11 +53,9 @@ class VaddUnit(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        s1 = Signal(12)
-        s2 = Signal(12)
-        dst = Signal(12)
+        opr = Signal(_Operands)
+        s1, s2, dst, n = opr.src1, opr.src2, opr.dst, opr.len
         j = Signal(12)
-        n = Signal(16)
         cnt = Signal(17)
         v = Signal()
         par = Signal()
