@@ -255,3 +255,13 @@ def test_run_many_names_the_job_that_hangs():
     assert isinstance(res[1], DidNotHalt)
     with pytest.raises(DidNotHalt, match=r"^job 1: did not halt within 100 cycles"):
         backend.run_many([good, bad])
+
+
+def test_vcd_is_written_only_when_asked(tmp_path):
+    path = tmp_path / "r5_17.vcd"
+    d = programs.r5()[17]
+    AmaranthBackend(vcd=str(path)).run(d.words, d.image)
+    text = path.read_text()
+    assert "cyc_total" in text and "$enddefinitions" in text
+    BACKEND.run(d.words, d.image)
+    assert list(tmp_path.iterdir()) == [path]
