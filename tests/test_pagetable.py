@@ -10,7 +10,9 @@ from host.pagetable import OutOfPages, PageTable, PageTableError
 
 
 # ---- the invariants, computed from the public views only ----------------------------------------
-def invariant_problems(pt: PageTable, shadow: dict) -> list[str]:
+def invariant_problems(pt: PageTable, shadow: dict, dropped: dict | None = None) -> list[str]:
+    """Everything that must hold after any operation; `dropped` (request -> pages the shadow says trim has
+    released: every page wholly below the largest keep_from asked, i.e. max keep_from // page) is optional."""
     problems = []
     count = [0] * pt.n_pages
     for rid in pt.requests():
@@ -36,6 +38,8 @@ def invariant_problems(pt: PageTable, shadow: dict) -> list[str]:
             problems.append(f"length of request {rid}: {pt.length(rid)} != {len(rows)}")
         elif pt.rows(rid, lo, len(rows)) != rows[lo:]:
             problems.append(f"rows of request {rid} differ from the shadow")
+        if dropped is not None and pt.dropped(rid) != dropped[rid]:
+            problems.append(f"request {rid}: {pt.dropped(rid)} pages released, the shadow says {dropped[rid]}")
         # the table holds exactly the pages covering rows lo..length-1
         if len(pt.table(rid)) != -(-len(rows) // pt.page) - pt.dropped(rid):
             problems.append(f"request {rid}: {len(pt.table(rid))} pages for rows {lo}..{len(rows) - 1}")
@@ -47,6 +51,7 @@ def shadow_run(seed: int, n_ops: int = 400):
     R = random.Random(seed)
     pt = PageTable(24, 4)
     shadow: dict = {}
+    sdrop: dict = {}
     nxt = ctr = 0
     stats = {"out_of_pages": 0, "copies": 0, "trimmed": 0}
     for step in range(n_ops):
@@ -56,6 +61,7 @@ def shadow_run(seed: int, n_ops: int = 400):
             if op == "new" and len(ids) < 5:
                 pt.new(nxt)
                 shadow[nxt] = []
+                sdrop[nxt] = 0
                 nxt += 1
             elif op == "append" and ids:
                 rid = R.choice(ids)
@@ -71,12 +77,14 @@ def shadow_run(seed: int, n_ops: int = 400):
                 src = R.choice(ids)
                 pt.fork(src, nxt)
                 shadow[nxt] = list(shadow[src])
+                sdrop[nxt] = sdrop[src]
                 nxt += 1
             elif op == "trim" and ids:
                 rid = R.choice(ids)
                 keep = R.randrange(0, len(shadow[rid]) + 1)
                 d0 = pt.dropped(rid)
                 pt.trim(rid, keep)
+                sdrop[rid] = max(sdrop[rid], keep // 4)
                 stats["trimmed"] += pt.dropped(rid) - d0
             elif op == "release" and ids:
                 rid = R.choice(ids)
@@ -84,7 +92,7 @@ def shadow_run(seed: int, n_ops: int = 400):
                 del shadow[rid]
         except OutOfPages:
             stats["out_of_pages"] += 1
-        problems = invariant_problems(pt, shadow)
+        problems = invariant_problems(pt, shadow, sdrop)
         assert not problems, f"seed {seed} op {step} ({op}): {problems[:3]}"
     for rid in list(shadow):
         pt.release(rid)

@@ -17,6 +17,7 @@ class PageTableMachine(RuleBasedStateMachine):
         # small pools so that exhaustion, copy-on-write and page reuse happen often
         self.pt = PageTable(n_pages, page)
         self.shadow: dict = {}
+        self.dropped: dict = {}
         self.next_id = 0
         self.counter = 0
 
@@ -28,6 +29,7 @@ class PageTableMachine(RuleBasedStateMachine):
     def new(self):
         self.pt.new(self.next_id)
         self.shadow[self.next_id] = []
+        self.dropped[self.next_id] = 0
         self.next_id += 1
 
     @precondition(lambda self: self.shadow)
@@ -52,6 +54,7 @@ class PageTableMachine(RuleBasedStateMachine):
         src = self._pick(i)
         self.pt.fork(src, self.next_id)
         self.shadow[self.next_id] = list(self.shadow[src])
+        self.dropped[self.next_id] = self.dropped[src]
         self.next_id += 1
 
     @precondition(lambda self: self.shadow)
@@ -59,7 +62,9 @@ class PageTableMachine(RuleBasedStateMachine):
     def trim(self, i, frac):
         rid = self._pick(i)
         n = len(self.shadow[rid])
-        self.pt.trim(rid, int(frac * n))
+        keep = int(frac * n)
+        self.pt.trim(rid, keep)
+        self.dropped[rid] = max(self.dropped[rid], keep // self.pt.page)
 
     @precondition(lambda self: self.shadow)
     @rule(i=st.integers(0, 63))
@@ -67,6 +72,7 @@ class PageTableMachine(RuleBasedStateMachine):
         rid = self._pick(i)
         self.pt.release(rid)
         del self.shadow[rid]
+        del self.dropped[rid]
 
     @rule(which=st.integers(0, 7), i=st.integers(0, 63), delta=st.integers(1, 5))
     def misuse(self, which, i, delta):
@@ -99,7 +105,7 @@ class PageTableMachine(RuleBasedStateMachine):
     @invariant()
     def consistent(self):
         PageTableMachine.checks += 1
-        problems = invariant_problems(self.pt, self.shadow)
+        problems = invariant_problems(self.pt, self.shadow, self.dropped)
         assert not problems, problems
 
     def teardown(self):
