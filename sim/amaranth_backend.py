@@ -3,8 +3,7 @@
 One `Simulator` per (EXT, LAT) is built on first use and reused: `Simulator.reset()` returns every
 register and memory to its initial (zero) state, which also zeroes the scratchpad as the book's
 testbench does. The ROM and the image are written into the memories before `start`; during the run the
-testbench only wakes every `check_every` cycles to look at `halted` (the chip is frozen once halted,
-so the counters are exact whatever the overshoot).
+testbench sleeps until `halted` rises (or the cycle budget runs out), so no Python runs per cycle.
 """
 from __future__ import annotations
 
@@ -45,7 +44,7 @@ class _Rig:
 
     async def _bench(self, ctx):
         job = self.job
-        if job is None:          # the simulator is built before any job: nothing to do yet
+        if job is None:          # only `run` starts the simulation, with a job; nothing to do otherwise
             return
         h = self.harness
         for row, w in zip(self.rom_rows, job.rom):
@@ -60,13 +59,12 @@ class _Rig:
         ctx.set(h.start, 1)
         await ctx.tick()
         ctx.set(h.start, 0)
-        elapsed = 0
-        # a run never needs more than max_cycles + 2 edges (cyc_total counts from the first FETCH)
+        # Sleep until `halted` rises, or until the cycle budget is spent: no Python runs per cycle.
+        # A legal run needs at most max_cycles + 2 edges after this one (cyc_total counts from the
+        # first FETCH); the extra half period puts the deadline between two edges.
         budget = job.max_cycles + 2
-        while not ctx.get(h.halted) and elapsed < budget:
-            step = min(job.check_every, budget - elapsed)
-            await ctx.delay(step * _PERIOD)
-            elapsed += step
+        if not ctx.get(h.halted):
+            await ctx.posedge(h.halted).delay((budget + 0.5) * _PERIOD)
         chip = h.chip
         job.halted = ctx.get(h.halted)
         job.counters = [ctx.get(c) for c in (h.cyc_total, h.cyc_mm, h.cyc_dma, h.cyc_vec, h.n_inst)]
@@ -89,11 +87,10 @@ class _Rig:
 
 
 class _Job:
-    def __init__(self, rom, image, max_cycles, check_every):
+    def __init__(self, rom, image, max_cycles):
         self.rom = rom
         self.image = image
         self.max_cycles = max_cycles
-        self.check_every = check_every
         self.halted = False
         self.counters = None
         self.where = None
@@ -132,20 +129,14 @@ class AmaranthBackend(Backend):
         Give up (`DidNotHalt`) when the chip has not halted within this many cycles.
     vcd : str or None
         Write a waveform of each run to this path (the last run wins); none when ``None``.
-    check_every : int
-        How many cycles the testbench sleeps between looks at ``halted``: larger is faster per cycle
-        but simulates up to that many idle cycles after the HALT.
     """
     name = "amaranth"
 
-    def __init__(self, max_cycles: int = MAX_CYCLES, vcd=None, check_every: int = 128):
+    def __init__(self, max_cycles: int = MAX_CYCLES, vcd=None):
         if isinstance(max_cycles, bool) or not isinstance(max_cycles, int) or max_cycles < 1:
             raise BadInput(f"max_cycles = {max_cycles!r} must be a positive integer")
-        if isinstance(check_every, bool) or not isinstance(check_every, int) or check_every < 1:
-            raise BadInput(f"check_every = {check_every!r} must be a positive integer")
         self.max_cycles = max_cycles
         self.vcd = vcd
-        self.check_every = check_every
         self._rigs: dict[tuple[int, int], _Rig] = {}
 
     def _rig(self, ext_words, lat):
@@ -160,7 +151,7 @@ class AmaranthBackend(Backend):
             raise BadInput(f"lat = {lat!r} must be an integer >= 1")
         rom = _program_words(program)
         ext = _image_words(image)
-        job = _Job(rom, ext, self.max_cycles, self.check_every)
+        job = _Job(rom, ext, self.max_cycles)
         self._rig(len(ext), lat).run(job, self.vcd)
         total = job.counters[0]
         if not job.halted or total > self.max_cycles:
