@@ -147,8 +147,8 @@ class AmaranthBackend(Backend):
 
     def run(self, program, image, lat: int = 8) -> RunResult:
         """Run `program` (128-bit words or Instr, HALT last) on `image` (EXT words) with latency `lat`."""
-        if isinstance(lat, bool) or not isinstance(lat, int) or lat < 1:
-            raise BadInput(f"lat = {lat!r} must be an integer >= 1")
+        if isinstance(lat, bool) or not isinstance(lat, int) or not 1 <= lat <= 1024:
+            raise BadInput(f"lat = {lat!r} must be a whole number in 1..1024")
         rom = _program_words(program)
         ext = _image_words(image)
         job = _Job(rom, ext, self.max_cycles)

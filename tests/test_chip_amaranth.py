@@ -152,6 +152,8 @@ def test_zero_length_hangs():
     ([0] * 257, [0] * 16, 8, "257 instructions"),
     ([0], [0, 1 << 32], 8, "external word 1"),
     ([0], [0] * 16, 0, "lat = 0"),
+    ([0], [0] * 16, 5000, "lat = 5000"),
+    ([0], [], 8, "image has 0 words"),
 ])
 def test_bad_input_is_one_line(program, image, lat, msg):
     with pytest.raises(BadInput, match=msg) as e:
