@@ -6,12 +6,10 @@ answered in c+1 with the contents before that edge's write. Each case checks the
 """
 import random
 
-import pytest
 from amaranth.sim import Simulator
 
 from hdl import isa
 from hdl.arith import argmax_first, requant, u32, unpack_word, vadd_sat
-from hdl.isa import Op
 from hdl.unit_amax import ArgmaxUnit
 from hdl.unit_rq import RequantUnit
 from hdl.unit_st import StoreUnit
