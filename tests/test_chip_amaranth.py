@@ -267,3 +267,26 @@ def test_vcd_is_written_only_when_asked(tmp_path):
     assert "cyc_total" in text and "$enddefinitions" in text
     BACKEND.run(d.words, d.image)
     assert list(tmp_path.iterdir()) == [path]
+
+
+def test_start_is_ignored_while_running_and_after_halt():
+    """Spec 2.2: start is sampled only in IDLE; HALT stays until rst."""
+    d = programs.r5()[0]
+    h = ChipHarness(ext_words=len(d.image), lat=8, backdoor=False)
+    out = {}
+
+    async def bench(ctx):
+        for i, w in enumerate(d.words):
+            ctx.set(h.rom.data[i], w)
+        for cycle in range(120):
+            ctx.set(h.start, cycle in (0, 10, 30, 100))       # 10 and 30 while running, 100 halted
+            await ctx.tick()
+        out["halted"] = ctx.get(h.halted)
+        out["counters"] = [ctx.get(c) for c in (h.cyc_total, h.cyc_mm, h.cyc_dma, h.cyc_vec, h.n_inst)]
+
+    sim = Simulator(h)
+    sim.add_clock(1e-6)
+    sim.add_testbench(bench)
+    sim.run()
+    assert out["halted"] == 1
+    assert tuple(out["counters"]) == d.counters == (49, 0, 43, 0, 2)
