@@ -127,6 +127,8 @@ class PagedChip:
                                 f"got {len(force) if isinstance(force, Sequence) else type(force).__name__}")
             for i in range(1, n + 1):
                 _token(f"force[{i}]", force[i])
+        if progress is not None and not callable(progress):
+            raise HostError(f"progress must be a callable(L, n) or None, got {type(progress).__name__}")
         if self.backend is None:
             raise HostError("no backend: pass backend=... (an object with run(code, image, lat), "
                             "e.g. sim.reference.ReferenceMachine())")

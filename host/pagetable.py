@@ -144,6 +144,8 @@ class PageTable:
         for name, v in (("lo", lo), ("hi", hi)):
             if isinstance(v, bool) or not isinstance(v, int):
                 raise PageTableError(f"{name} must be an integer, got {v!r}")
+        if lo < 0:
+            raise PageTableError(f"request {rid!r}: lo must be >= 0, got {lo}")
         if lo < first:
             raise PageTableError(f"request {rid!r}: row {lo} already released (rows {first}..{n - 1} are held)")
         if hi > n:

@@ -162,6 +162,7 @@ def test_bad_construction(structured, kwargs, message):
                                  "and this decode needs 5"),
     (lambda c: c.generate(0, 3, force=[0, 3]), "force must be a sequence of at least 4 tokens, got 2"),
     (lambda c: c.generate(0, 2, force=[0, 3, 99]), "force[2] must be a token 0..15, got 99"),
+    (lambda c: c.generate(0, 2, progress=3), "progress must be a callable(L, n) or None, got int"),
 ])
 def test_bad_generate(structured, call, message):
     chip = PagedChip(structured, 4, None, backend=MACHINE)

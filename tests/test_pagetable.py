@@ -193,6 +193,7 @@ MISUSE = [
     ("rows unwritten", lambda pt: pt.rows("a", 4, 10), "row 9 not written yet"),
     ("rows reversed", lambda pt: pt.rows("a", 6, 5), "lo=6 > hi=5"),
     ("rows not int", lambda pt: pt.rows("a", 4.0, 5), "lo must be an integer"),
+    ("rows negative", lambda pt: pt.rows("a", -1, 5), "lo must be >= 0, got -1"),
     ("trim unknown", lambda pt: pt.trim("zz", 0), "unknown request 'zz'"),
     ("trim past length", lambda pt: pt.trim("a", 10), "keep_from must be in 0..9"),
     ("trim negative", lambda pt: pt.trim("a", -1), "got -1"),
