@@ -181,3 +181,14 @@ def test_window_lets_a_decode_run_past_its_calibration(structured):
     chip = PagedChip(structured, 4, 4, 4, 4, backend=MACHINE)      # contexts 1..4 only, 4 pages
     toks, rec = chip.generate(0, 20)
     assert toks == rule(0, 20) and len(chip.progs) == 4 and chip.peak <= 2
+
+
+def test_host_imports_no_simulator_and_no_amaranth():
+    # layer rule: host/ imports compiler only; the backend object is passed in
+    import subprocess
+    import sys
+    code = ("import sys, host.paged, host.pagetable, host.window; "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in ('sim', 'amaranth')))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=__file__.rsplit("/tests/", 1)[0]).stdout.strip()
+    assert out == "[]"
