@@ -97,7 +97,7 @@ def test_32_step_decodes(structured, W, programs, pages, peak, total):
 
 
 # ---- the rule under every window (W = 1 included: each step attends its own token) ----------------
-@pytest.mark.parametrize("W", [1, 2, 5, 7])
+@pytest.mark.parametrize("W", [1, 2, 5, 7, 12, 16])
 def test_rule_under_other_windows(structured, W):
     chip = PagedChip(structured, 20, W, 3, 64, backend=MACHINE)
     toks, rec = chip.generate(0, 20)
