@@ -22,6 +22,8 @@ def user_errors() -> tuple[type[BaseException], ...]:
     kinds: list[type[BaseException]] = [UsageError, IsaError, SimError, OSError]
     for module, names in (("compiler", ("CompileError",)),
                           ("host.pagetable", ("OutOfPages", "PageTableError")),
+                          ("host.paged", ("HostError",)),
+                          ("host.window", ("WindowError",)),
                           ("sim.hexfile", ("HexFileError",))):
         try:
             mod = __import__(module, fromlist=list(names))
