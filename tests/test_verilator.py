@@ -188,6 +188,37 @@ def test_failed_build_is_backend_unavailable(tmp_path, monkeypatch):
     assert not [p for p in tmp_path.iterdir() if p.is_dir()]     # nothing half-built left behind
 
 
+def test_concurrent_first_runs_build_once(tmp_path, monkeypatch):
+    """Two backends asking for the same new model at once (as pytest-xdist workers do): one builds,
+    the other waits on the lock and then finds the finished directory."""
+    import threading
+    import time
+    import sim.verilator_backend as vb
+    calls = []
+
+    def slow_fake_build(self, final, verilog_text, driver, defines, ext, lat):
+        calls.append(final)
+        time.sleep(0.5)                     # long enough for the other thread to reach the lock
+        work = tmp_path / f".{final.name}-tmp"
+        work.mkdir()
+        (work / vb.EXE).write_text("fake")
+        os.rename(work, final)
+        self.builds += 1
+
+    monkeypatch.setattr(vb.VerilatorBackend, "_build", slow_fake_build)
+    backends = [VerilatorBackend(build_dir=tmp_path, design=StandIn) for _ in range(2)]
+    found = [None, None]
+    threads = [threading.Thread(target=lambda k=k: found.__setitem__(k, backends[k].model(64, 3)))
+               for k in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(calls) == 1
+    assert found[0] == found[1] and found[0].read_text() == "fake"
+    assert sorted(b.builds for b in backends) == [0, 1]
+
+
 def test_missing_verilator_is_backend_unavailable(monkeypatch):
     import sim.verilator_backend as vb
     monkeypatch.setattr(vb, "_tool_cache", {})
