@@ -44,8 +44,9 @@ def _compare(expected, got) -> str | None:
     if isinstance(expected, Exception) or isinstance(got, Exception):
         if type(expected) is type(got):
             return None
-        name = lambda r: f"{type(r).__name__} ({r})" if isinstance(r, Exception) else "a normal halt"
-        return f"expected {name(expected)}, got {name(got)}"
+        def outcome(r):
+            return f"{type(r).__name__} ({r})" if isinstance(r, Exception) else "a normal halt"
+        return f"expected {outcome(expected)}, got {outcome(got)}"
     return first_difference(expected, got)
 
 
