@@ -1,0 +1,385 @@
+"""Mutation testing (issue 6): one-line broken versions of the host, the hardware and the compiler, each
+run against the tests that should notice it, in a throw-away copy of the project (the work tree is never
+touched).
+
+Contract: ``python -m sim.mutants [--only host|hdl|compiler] [--jobs N] [--list] [--timeout S]`` first runs
+the union of the chosen mutants' checks on an unmutated copy (exit 1 if that fails), then every mutant:
+copy the tree (no .git, no build products), replace its anchor (which must occur exactly once in its file),
+run ``pytest -x -q -p no:cacheprovider <checks>`` there with PYTHONPATH on the copy and a time limit, and
+print ``caught`` / ``SURVIVED`` with the first failing test. The last line is
+``N of N broken versions caught``; the exit status is 0 only if every mutant not argued equivalent is caught.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["Mutant", "Outcome", "MUTANTS", "KINDS", "PROJECT_ROOT", "anchor_problem", "mutated_source",
+           "copy_project", "run_checks", "run_mutant", "baseline", "main"]
+
+PROJECT_ROOT = Path(__file__).resolve().parents[1]
+KINDS = ("host", "hdl", "compiler")
+DEFAULT_TIMEOUT = 300.0
+# Never copied: version control, build products and caches (a copy gets its own).
+_IGNORE = shutil.ignore_patterns(".git", "build", "out", "__pycache__", ".pytest_cache", ".hypothesis",
+                                 ".benchmarks", "*.egg-info", "*.vcd", "*.pyc")
+
+
+@dataclass(frozen=True)
+class Mutant:
+    """One broken version of the project: a single-line text replacement in one source file.
+
+    Parameters
+    ----------
+    kind : str
+        ``host``, ``hdl`` or ``compiler`` (what ``--only`` selects).
+    file : str
+        Path of the mutated file, relative to the project root.
+    anchor : str
+        Text that must occur exactly once in `file`, on one line.
+    replacement : str
+        What replaces `anchor` (one line as well).
+    description : str
+        What is broken, in words.
+    checks : tuple of str
+        Test files or pytest node ids (relative to the root) that must notice the change.
+    equivalent : str or None
+        When set, the argument that the mutant cannot be told apart from the original (the reason).
+    """
+    kind: str
+    file: str
+    anchor: str
+    replacement: str
+    description: str
+    checks: tuple
+    equivalent: str | None = None
+
+
+def _m(kind, file, anchor, replacement, description, *checks, equivalent=None):
+    return Mutant(kind, file, anchor, replacement, description, tuple(checks), equivalent)
+
+
+PT, WIN, PAGED, LM = "host/pagetable.py", "host/window.py", "host/paged.py", "host/tiny_lm.py"
+T_PT = "tests/test_pagetable.py"
+T_WIN = "tests/test_window.py"
+T_HOST = "tests/test_paged_host.py"
+T_LM = "tests/test_tiny_lm.py"
+T_COMP = "tests/test_compiler.py"
+
+MUTANTS: tuple[Mutant, ...] = (
+    # ---- host: the 18 mutants of model spec 5.7, in its order --------------------------------------
+    _m("host", PT, "            self._free.append(p)", "            pass",
+       "page table: a page freed by its last owner is not returned to the free list", T_PT),
+    _m("host", PT, "if self._ref[p] == 0:", "if self._ref[p] <= 1:",
+       "page table: a freed page is put on the free list while others still share it", T_PT),
+    _m("host", PT, "            self._ref[p] += 1", "            pass",
+       "page table: fork does not count the new owner", T_PT),
+    _m("host", PT, "elif self._ref[t[-1]] > 1:", "elif False:",
+       "page table: no copy before writing into a shared page", T_PT),
+    _m("host", PT, "self._pool[q][:] = self._pool[shared]", "self._pool[q][:] = [None] * self._page",
+       "page table: the copy-on-write copy is empty", T_PT),
+    _m("host", PT, "            self._drop(shared)", "            pass",
+       "page table: the copy keeps the shared page's reference", T_PT),
+    _m("host", PT, "off = i % self._page", "off = i % (self._page + 1)",
+       "page table: the in-page offset is taken modulo page+1", T_PT),
+    _m("host", PT, "self._pool[t[i // P - d]][i % P]", "self._pool[t[i // P]][i % P]",
+       "page table: the block-table lookup ignores pages already dropped", T_PT),
+    _m("host", PT, "(self._dropped[rid] + 1) * self._page <= keep_from",
+       "(self._dropped[rid] + 1) * self._page <= keep_from + 1",
+       "page table: trim releases a page that still holds the row at keep_from", T_PT),
+    _m("host", PT, "(self._dropped[rid] + 1) * self._page <= keep_from",
+       "(self._dropped[rid] + 2) * self._page <= keep_from",
+       "page table: trim keeps a page that lies completely before the window", T_PT),
+    _m("host", PT, "            self._drop(p)", "            pass",
+       "page table: release forgets the request's table without dropping its page references", T_PT),
+    _m("host", PT, 'raise OutOfPages(f"no free page', 'self._free.append(0); (f"no free page',
+       "page table: an empty free list hands out page 0 instead of raising OutOfPages", T_PT),
+    _m("host", LM, "kc, vc = kc[len(kc) - (W - 1):], vc[len(vc) - (W - 1):]",
+       "kc, vc = kc[len(kc) - W:], vc[len(vc) - W:]",
+       "window: the float reference keeps W previous rows, not W-1",
+       T_WIN + "::test_5b_windowed_step_equals_recomputation", T_LM, T_HOST),
+    _m("host", WIN, "return L if W is None else min(L, W)", "return L if W is None else min(L, W + 1)",
+       "window: the chip's context is min(L, W+1)", T_WIN, T_HOST),
+    _m("host", PAGED, "rows = pt.rows(0, lo, hi) if self.paged", "rows = pt.rows(0, lo + 1, hi) if self.paged",
+       "host: the paged gather starts one row late (the plain-list path is unchanged)", T_HOST),
+    _m("host", PAGED, "            pt.append(0, row)", "            pt.append(0, row[::-1])",
+       "host: the paged gather returns values where keys belong (the plain-list path is unchanged)", T_HOST),
+    _m("host", PAGED, "                pt.trim(0, trim_point(L, self.W))", "                pass",
+       "host: pages outside the window are never released", T_HOST),
+    _m("host", WIN, "return 0 if W is None else max(0, L + 1 - W)", "return 0 if W is None else max(0, L - W)",
+       "host: the trim point is one token too late", T_WIN, T_HOST),
+
+    # ---- hardware: the Amaranth blocks ---------------------------------------------------------------
+    _m("hdl", "hdl/requant.py", "m.d.comb += shifted.eq((prod + half) >> self.s)",
+       "m.d.comb += shifted.eq(((prod + half) >> self.s) - ((((prod + half) & (one_s[:57] - 1)) == 0)"
+       " & (self.s != 0) & ((prod + half) >> self.s)[0]))",
+       "requantizer: ties round half to even instead of away from zero", "tests/test_requant.py"),
+    _m("hdl", "hdl/requant.py", "m.d.comb += half.eq(one_s[1:57])", "m.d.comb += half.eq(0)",
+       "requantizer: the rounding half is dropped (truncation)", "tests/test_requant.py"),
+    _m("hdl", "hdl/requant.py", "self.q.eq(Mux(self.relu & q[7], 0, q))", "self.q.eq(Mux(self.relu & q[7], -1, q))",
+       "requantizer: relu clamps negatives at -1 instead of 0", "tests/test_requant.py"),
+    _m("hdl", "hdl/exp_lut.py", "init=EXP_TABLE)", "init=[e + (d == 40) for d, e in enumerate(EXP_TABLE)])",
+       "exp table: entry 40 is one too large", "tests/test_exp_lut.py"),
+    _m("hdl", "hdl/divider.py", "cnt.eq(w), self.busy.eq(1)", "cnt.eq(w - 1), self.busy.eq(1)",
+       "divider: runs 39 iterations instead of 40", "tests/test_divider.py"),
+    _m("hdl", "hdl/dma.py", "with m.If(recvd == len_r - 1):", "with m.If(recvd == len_r - 2):",
+       "DMA: the LD engine finishes one response early (its last word is never written)", "tests/test_dma.py"),
+    _m("hdl", "hdl/dma.py", "self.wa.eq(dst_r + recvd)", "self.wa.eq(dst_r + issued)",
+       "DMA: a word is written at the request count, not the response count", "tests/test_dma.py"),
+    _m("hdl", "hdl/unit_mm.py", "amem[i].raddr.eq(t - i), bmem[i].raddr.eq(t - i)",
+       "amem[i].raddr.eq(t - i - (i == 2)), bmem[i].raddr.eq(t - i)",
+       "MM: the systolic skew of A row 2 is one cycle late", "tests/test_unit_mm.py"),
+    _m("hdl", "hdl/unit_mm.py", "step = Mux(tb, 1, ldb)", "step = Mux(tb, ldb, ldb)",
+       "MM: the transposed B operand advances k by ldb instead of 1 (wrong stride)", "tests/test_unit_mm.py"),
+    _m("hdl", "hdl/unit_amax.py", "(self.sp_rd.as_signed() > best)", "(self.sp_rd.as_signed() >= best)",
+       "AMAX: keeps the last maximum on ties", "tests/test_units_simple.py"),
+    _m("hdl", "hdl/unit_vadd.py", "Mux(total > 127, 127,", "Mux(total > 128, 127,",
+       "VADD: saturates at 128 (a sum of 128 wraps to -128)", "tests/test_units_simple.py"),
+    _m("hdl", "hdl/chip.py", "with m.If(cur == Op.MM):", "with m.If((cur == Op.MM) | (cur == Op.RQ)):",
+       "sequencer: a WAIT cycle of an RQ is counted as MM", "tests/test_chip_amaranth.py"),
+    _m("hdl", "hdl/chip.py", "st.eq(SeqState.ISSUE)]", "st.eq(SeqState.WAIT), cur.eq(self.imem_data[124:128])]",
+       "sequencer: skips the ISSUE cycle (FETCH goes straight to WAIT, no unit is started)",
+       "tests/test_chip_amaranth.py"),
+    _m("hdl", "hdl/scratchpad.py", "read_port(transparent_for=())", "read_port(transparent_for=(wr,))",
+       "scratchpad: the read port is transparent (a same-edge write is forwarded)", "tests/test_scratchpad.py"),
+    _m("hdl", "hdl/unit_sm.py", "mx.eq(-128), total.eq(0)", "mx.eq(0), total.eq(0)",
+       "SM: the running maximum starts at 0 instead of -128", "tests/test_unit_sm.py"),
+    _m("hdl", "hdl/unit_unpack.py", "w.word_select(j, 4).as_signed()", "w.word_select(j, 4).as_unsigned()",
+       "UNPACK: nibbles are zero-extended instead of sign-extended", "tests/test_units_simple.py"),
+    _m("hdl", "hdl/unit_st.py", "self.wr_addr.eq(dst + j)", "self.wr_addr.eq(dst + i)",
+       "ST: the external address uses the read count (one ahead of the data)", "tests/test_units_simple.py"),
+    _m("hdl", "hdl/systolic.py", "b_in = self.b_edge[j] if i == 0 else b_out[i - 1][j]",
+       "b_in = self.b_edge[j] if i == 0 else b_out[i - 1][j - (i == 3 and j == 3)]",
+       "systolic array: PE(3,3) takes its B operand from the wrong column", "tests/test_systolic.py"),
+
+    # ---- compiler -------------------------------------------------------------------------------------
+    _m("compiler", "compiler/buffers.py", "if merged and merged[-1][0] + merged[-1][1] >= s:", "if False:",
+       "allocator: freed extents are never coalesced", T_COMP),
+    _m("compiler", "compiler/emit.py", "if b.last_use == n.id and b.addr is not None:",
+       "if b.last_use == n.id + 1 and b.addr is not None:",
+       "emission: a buffer is released one node before its last use", T_COMP),
+    _m("compiler", "compiler/scales.py", "SOFTMAX_IN_SCALE = 1.0 / 16", "SOFTMAX_IN_SCALE = 1.0 / 15",
+       "scales: the softmax input is pinned to 1/15 instead of Q4.4", T_COMP),
+    _m("compiler", "compiler/emit.py", "mant, sh, int(n.id in relu_fused))", "mant, sh, 0)",
+       "emission: the relu flag is not fused into the matmul's RQ", T_COMP),
+    _m("compiler", "compiler/emit.py", "if abs(ratio - 1) < 1e-9:", "if abs(ratio - 1) > 1e-9:",
+       "emission: the add's rescale test uses > instead of <", T_COMP),
+    _m("compiler", "hdl/arith.py", "m = round(M * 2.0 ** s)", "m = math.floor(M * 2.0 ** s)",
+       "multipliers: the requantizer mantissa is rounded down (golden hdl/arith.mantissa_shift)", T_COMP),
+    _m("compiler", "compiler/buffers.py", 'order = [n for n in graph.nodes if n.op in ("input", "weight")] + \\',
+       'order = [n for n in graph.nodes if n.op == "output"] + '
+       '[n for n in graph.nodes if n.op in ("input", "weight")] or \\',
+       "external layout: the outputs are placed before the inputs and weights", T_COMP),
+    _m("compiler", "compiler/buffers.py", "for src, o in ((a, off), (b, off + a.rows)):",
+       "for src, o in ((a, off + b.rows), (b, off)):",
+       "buffers: the concat offsets are swapped (new row first)", T_COMP),
+    _m("compiler", "compiler/emit.py", "ldb=k if tb else nn", "ldb=nn",
+       "emission: a transposed MM tile gets ldb = N instead of K", T_COMP),
+    _m("compiler", "compiler/emit.py", "SOFTMAX_RQ_MULTIPLIER = 127 / 65536", "SOFTMAX_RQ_MULTIPLIER = 127 / 65535",
+       "emission: the softmax Q0.16 -> int8 multiplier uses 65535", T_COMP),
+    _m("compiler", "compiler/scales.py", "gmax[root] = max(gmax[root], rng[i])", "pass",
+       "scales: an add's scale ignores its operands' ranges", T_COMP),
+    _m("compiler", "compiler/image.py", "sc = P.scales[node.id]", "sc = P.scales[src.id]",
+       "readback: an output is dequantized at its source's scale instead of its own", T_COMP,
+       equivalent="an output node is in the same scale group as its source (plan_scales unites them), so "
+                  "both scales are the same float for every graph"),
+)
+
+
+# ---- applying a mutant ---------------------------------------------------------------------------------
+def anchor_problem(m: Mutant, root: Path = PROJECT_ROOT) -> str | None:
+    """Why `m` cannot be applied to the sources under `root` (None when it can)."""
+    if "\n" in m.anchor or "\n" in m.replacement:
+        return "anchor and replacement must each be on one line"
+    if m.anchor == m.replacement:
+        return "the replacement equals the anchor"
+    path = root / m.file
+    try:
+        text = path.read_text()
+    except OSError as e:
+        return f"cannot read {m.file}: {e.strerror or e}"
+    n = text.count(m.anchor)
+    if n != 1:
+        return f"anchor occurs {n} times in {m.file} (must be exactly once): {m.anchor!r}"
+    try:
+        compile(text.replace(m.anchor, m.replacement), m.file, "exec")
+    except SyntaxError as e:
+        return f"the mutated {m.file} does not compile: {e.msg} (line {e.lineno})"
+    return None
+
+
+def mutated_source(m: Mutant, root: Path = PROJECT_ROOT) -> str:
+    """The text of `m.file` with the mutant applied (ValueError when the anchor is not usable)."""
+    problem = anchor_problem(m, root)
+    if problem:
+        raise ValueError(problem)
+    return (root / m.file).read_text().replace(m.anchor, m.replacement)
+
+
+def copy_project(dst: Path, root: Path = PROJECT_ROOT) -> Path:
+    """Copy the project tree (no .git, no build products or caches) to a new directory `dst`."""
+    shutil.copytree(root, dst, ignore=_IGNORE)
+    return dst
+
+
+# ---- running checks --------------------------------------------------------------------------------------
+@dataclass
+class Outcome:
+    """What a check run said: ``status`` is passed, failed, timeout or error (pytest could not run)."""
+    status: str
+    first_failure: str | None
+    seconds: float
+    tail: str
+
+
+_FAIL_LINE = re.compile(r"^(FAILED|ERROR) (\S+)")
+
+
+def _first_failure(out: str) -> str | None:
+    for line in out.splitlines():
+        hit = _FAIL_LINE.match(line)
+        if hit:
+            return hit.group(2)
+    for line in out.splitlines():             # a collection error names its file this way
+        if line.startswith("ERROR collecting ") or "error during collection" in line.lower():
+            return line.strip("_ ").removeprefix("ERROR collecting ")
+    return None
+
+
+def run_checks(root: Path, checks, timeout: float = DEFAULT_TIMEOUT, workers: int = 0) -> Outcome:
+    """Run ``pytest -x -q -p no:cacheprovider checks`` in `root` with PYTHONPATH = `root`."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(root)
+    env["GA2_BUILD_DIR"] = str(root / "build")      # a Verilator model of a copy is never cached globally
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    env.pop("GA2_VCD", None)
+    cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-rfE", "--tb=line",
+           "-o", "addopts="]
+    if workers > 1:
+        cmd += ["-n", str(workers)]
+    cmd += list(checks)
+    t0 = time.monotonic()
+    proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)      # the whole group: pytest and anything it started
+        out, _ = proc.communicate()
+        return Outcome("timeout", None, time.monotonic() - t0, out[-2000:])
+    secs = time.monotonic() - t0
+    tail = out[-2000:]
+    if proc.returncode == 0:
+        return Outcome("passed", None, secs, tail)
+    first = _first_failure(out)
+    if proc.returncode in (1, 2) and first is not None:
+        return Outcome("failed", first, secs, tail)
+    return Outcome("error", None, secs, tail)
+
+
+def run_mutant(m: Mutant, timeout: float = DEFAULT_TIMEOUT, root: Path = PROJECT_ROOT) -> tuple[str, str, float]:
+    """Apply `m` to a fresh copy of `root` and run its checks.
+
+    Returns ``(verdict, detail, seconds)`` with verdict ``caught``, ``SURVIVED``, ``EQUIVALENT`` (an
+    argued-equivalent mutant that survived) or ``BROKEN`` (the mutant or its checks cannot be run).
+    """
+    t0 = time.monotonic()
+    try:
+        text = mutated_source(m, root)
+    except ValueError as e:
+        return "BROKEN", str(e), 0.0
+    with tempfile.TemporaryDirectory(prefix="ga2-mutant-") as tmp:
+        copy = copy_project(Path(tmp) / "project", root)
+        (copy / m.file).write_text(text)
+        res = run_checks(copy, m.checks, timeout)
+    secs = time.monotonic() - t0
+    if res.status == "failed":
+        return "caught", f"by {res.first_failure}", secs
+    if res.status == "timeout":
+        return "caught", f"by the time limit ({timeout:.0f} s)", secs
+    if res.status == "passed":
+        if m.equivalent:
+            return "EQUIVALENT", f"because {m.equivalent}", secs
+        return "SURVIVED", "every check passed: " + " ".join(m.checks), secs
+    last = [ln for ln in res.tail.strip().splitlines() if ln.strip()][-1:] or ["no output"]
+    return "BROKEN", f"pytest did not run the checks: {last[0]}", secs
+
+
+def baseline(mutants, timeout: float, jobs: int, root: Path = PROJECT_ROOT) -> Outcome:
+    """Run the union of the mutants' checks on an unmutated copy of `root`."""
+    checks = list(dict.fromkeys(c for m in mutants for c in m.checks))
+    with tempfile.TemporaryDirectory(prefix="ga2-mutant-base-") as tmp:
+        copy = copy_project(Path(tmp) / "project", root)
+        return run_checks(copy, checks, timeout * 2, workers=jobs)
+
+
+# ---- command line ------------------------------------------------------------------------------------------
+def _label(i: int, m: Mutant) -> str:
+    return f"{m.kind:8s} {i:2d}  {m.description}"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m sim.mutants", description=(
+        "Mutation testing: run one-line broken versions of the project against the tests that should catch "
+        "them, each in a temporary copy of the project. 'caught' is the expected answer."))
+    ap.add_argument("--only", choices=KINDS, help="run only the mutants of this kind")
+    ap.add_argument("--jobs", type=int, default=1, metavar="N", help="mutants run at once (default 1)")
+    ap.add_argument("--list", action="store_true", help="list the mutants and their checks, run nothing")
+    ap.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, metavar="S",
+                    help=f"seconds allowed to one mutant's checks (default {DEFAULT_TIMEOUT:.0f})")
+    args = ap.parse_args(argv)
+    if args.jobs < 1:
+        ap.error(f"--jobs must be >= 1, got {args.jobs}")
+    if not args.timeout > 0:
+        ap.error(f"--timeout must be > 0, got {args.timeout}")
+    chosen = [(i, m) for i, m in enumerate(MUTANTS, 1) if args.only in (None, m.kind)]
+
+    if args.list:
+        for i, m in chosen:
+            problem = anchor_problem(m)
+            print(_label(i, m) + (f"  [argued equivalent]" if m.equivalent else "")
+                  + (f"  [BROKEN: {problem}]" if problem else ""))
+            print(f"{'':12s}{m.file}: {m.anchor.strip()!r} -> {m.replacement.strip()!r}")
+            print(f"{'':12s}checks: {' '.join(m.checks)}")
+        return 0
+
+    t_start = time.monotonic()
+    print("NOTE: each mutant deliberately breaks a copy of the project; 'caught' is the expected answer.")
+    base = baseline([m for _, m in chosen], args.timeout, args.jobs)
+    if base.status != "passed":
+        print(f"the unmutated project does not pass the checks ({base.status}"
+              f"{', first failure ' + base.first_failure if base.first_failure else ''}):")
+        print(base.tail)
+        return 1
+    print(f"unmutated project passes the checks: yes ({base.seconds:.0f} s)")
+
+    counts = {"caught": 0, "SURVIVED": 0, "EQUIVALENT": 0, "BROKEN": 0}
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        results = pool.map(lambda im: run_mutant(im[1], args.timeout), chosen)
+        for (i, m), (verdict, detail, secs) in zip(chosen, results):
+            counts[verdict] += 1
+            if verdict == "EQUIVALENT":
+                print(f"EQUIVALENT: {_label(i, m)}: survives {detail}")
+            else:
+                print(f"{verdict:9s}{_label(i, m)}  ({detail}, {secs:.1f} s)", flush=True)
+
+    broken = len(chosen) - counts["EQUIVALENT"]
+    if counts["EQUIVALENT"]:
+        print(f"{counts['EQUIVALENT']} mutant(s) argued equivalent above: run, not counted as broken versions")
+    print(f"wall time {time.monotonic() - t_start:.0f} s")
+    print(f"{counts['caught']} of {broken} broken versions caught")
+    return 0 if counts["caught"] == broken else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
