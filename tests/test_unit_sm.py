@@ -105,6 +105,21 @@ def test_random_lengths_and_in_place():
         assert b == busy_time(operands(word)["len"])
 
 
+def test_all_negative_scores_far_from_zero():
+    """Scores that are all negative and far below 0: the maximum must be the largest score itself (a
+    running maximum that started at 0 would look up e = T[-x], coarse values, and round differently)."""
+    cases = [
+        (sm(600, 0, 4).word, scores_at(0, [-100, -101, -110, -128])),
+        (sm(700, 20, 3).word, scores_at(20, [-60, -61, -75], junk=0xABCDEF)),
+        (sm(800, 40, 2).word, scores_at(40, [-127, -126])),
+    ]
+    results = run_cases(cases, seed=13)
+    # a sanity check of the golden values as well: the largest score gets the largest probability
+    for (word, b, _, p), top in zip(results, [0, 0, 1]):
+        assert b == busy_time(operands(word)["len"])
+        assert p.index(max(p)) == top
+
+
 def test_write_timing():
     """e_k is written at dst+k in W(L+3+k) and p_k in W(2L+47+k); reads follow spec 4.6; done alone in W_B."""
     for dst, src, length in [(500, 500, 5), (4094, 7, 3)]:
