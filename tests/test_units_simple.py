@@ -143,6 +143,24 @@ def test_vadd_saturates_and_reads_only_low_bytes():
         assert spad == want, f"{ins}"
 
 
+def test_vadd_saturation_boundaries():
+    """Sums at and just past both limits (+-126..+-129): 127 and -127 are the bounds, so +128 must not wrap
+    to -128 and -128 itself must not pass (spec 4.4, clamp to [-127, 127])."""
+    pairs = [(64, 64), (127, 1), (100, 27), (120, 9), (63, 63),
+             (-64, -64), (-128, 0), (-100, -27), (-120, -9), (-63, -63), (-128, -1), (127, -128)]
+    a = [u32(x) for x, _ in pairs]
+    b = [u32(y) for _, y in pairs]
+    n = len(pairs)
+    ins = isa.vadd(200, 0, 100, n)
+    sp0 = load(0, a)
+    sp0.update(load(100, b))
+    want = dict(sp0)
+    want.update({200 + i: u32(max(-127, min(127, x + y))) for i, (x, y) in enumerate(pairs)})
+    [(busy, spad, _)] = run_unit(VaddUnit(), [(ins, sp0)])
+    assert busy == 2 * n + 2
+    assert spad == want
+
+
 # ---- AMAX ----------------------------------------------------------------------------------------
 
 def test_amax_first_maximum_and_single_write():
