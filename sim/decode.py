@@ -20,7 +20,7 @@ from sim.cli import UsageError, guarded, Progress
 
 MAX_CONTEXT = 64            # a matmul's inner dimension K is at most 64 on the chip (p . V has K = context)
 SIMULATORS = ("reference", "amaranth", "verilator")
-DEFAULT_SIM = "reference"
+DEFAULT_SIM = "amaranth"
 
 
 def _window(text: str):
