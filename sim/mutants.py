@@ -8,6 +8,8 @@ copy the tree (no .git, no build products), replace its anchor (which must occur
 run ``pytest -x -q -p no:cacheprovider <checks>`` there with PYTHONPATH on the copy and a time limit, and
 print ``caught`` / ``SURVIVED`` with the first failing test. The last line is
 ``N of N broken versions caught``; the exit status is 0 only if every mutant not argued equivalent is caught.
+A hardware mutant's Verilator model is built inside its copy ($GA2_BUILD_DIR points there); every other
+run shares the project's own cached build, whose key covers the hdl/ sources.
 """
 from __future__ import annotations
 
@@ -25,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 __all__ = ["Mutant", "Outcome", "MUTANTS", "KINDS", "PROJECT_ROOT", "anchor_problem", "mutated_source",
-           "copy_project", "run_checks", "run_mutant", "baseline", "main"]
+           "copy_project", "project_build_dir", "run_checks", "run_mutant", "baseline", "main"]
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 KINDS = ("host", "hdl", "compiler")
@@ -161,6 +163,31 @@ MUTANTS: tuple[Mutant, ...] = (
     _m("hdl", "hdl/systolic.py", "b_in = self.b_edge[j] if i == 0 else b_out[i - 1][j]",
        "b_in = self.b_edge[j] if i == 0 else b_out[i - 1][j - (i == 3 and j == 3)]",
        "systolic array: PE(3,3) takes its B operand from the wrong column", "tests/test_systolic.py"),
+    _m("hdl", "hdl/divider.py", "fits.eq(sh >= d_r)", "fits.eq(sh > d_r)",
+       "divider: a partial remainder equal to the divisor does not subtract", "tests/test_divider.py"),
+    _m("hdl", "hdl/unit_mm.py", "orow.eq(orow + ldc), oaddr.eq(orow + ldc)", "orow.eq(orow + N), oaddr.eq(orow + N)",
+       "MM: result rows are N words apart instead of ldc", "tests/test_unit_mm.py"),
+    _m("hdl", "hdl/unit_rq.py", "self.wd.eq(rq.q),", "self.wd.eq(rq.q.as_unsigned()),",
+       "RQ: the int8 result is zero-extended to 32 bits instead of sign-extended", "tests/test_units_simple.py"),
+    _m("hdl", "hdl/unit_sm.py", "scaled = ((self.sp_rd[:16] * r) + (1 << 21))[22:39]",
+       "scaled = ((self.sp_rd[:16] * r) + (1 << 20))[22:39]",
+       "SM: the final rounding adds 2^20 instead of 2^21", "tests/test_unit_sm.py"),
+    _m("hdl", "hdl/softmax.py", "scaled.eq(er[i] * r + (1 << 21))", "scaled.eq(er[i] * r)",
+       "softmax block (Chapter 6): the final product is truncated, not rounded", "tests/test_softmax_block.py"),
+    _m("hdl", "hdl/chip.py", "with m.Elif((cur == Op.LD) | (cur == Op.ST)):", "with m.Elif(cur == Op.LD):",
+       "sequencer: WAIT cycles of ST are counted as vector cycles, not DMA", "tests/test_chip_amaranth.py"),
+    _m("hdl", "hdl/chip.py", "st.eq(SeqState.HALT), self.halted.eq(1), cur.eq(CUR_NONE)]",
+       "st.eq(SeqState.HALT), self.halted.eq(1), cur.eq(CUR_NONE), self.n_inst.eq(self.n_inst + 1)]",
+       "sequencer: the HALT is counted as a completed instruction (checked on the Verilator model)",
+       "tests/test_verilator.py::test_book_figures_r1_r3_r5_r11", "tests/test_chip_amaranth.py"),
+    _m("hdl", "hdl/chip.py", "if op != Op.AMAX:", "if True:",
+       "scratchpad port: AMAX's write address and data are also routed inside its own case",
+       "tests/test_chip_amaranth.py",
+       equivalent="the defaults before the switch already drive waddr/wdata from AMAX, so its case assigns "
+                  "the same two values again and the netlist computes the same function"),
+    _m("hdl", "hdl/extmem.py", "data, valid = pipe[-33:-1], pipe[-1]", "data, valid = pipe[-66:-34], pipe[-34]",
+       "external memory (harness): answers after LAT-1 cycles, so every LD word is written one cycle early",
+       "tests/test_chip_amaranth.py"),
 
     # ---- compiler -------------------------------------------------------------------------------------
     _m("compiler", "compiler/buffers.py", "if merged and merged[-1][0] + merged[-1][1] >= s:", "if False:",
@@ -240,6 +267,7 @@ class Outcome:
     first_failure: str | None
     seconds: float
     tail: str
+    skipped: int = 0
 
 
 _FAIL_LINE = re.compile(r"^(FAILED|ERROR) (\S+)")
@@ -256,11 +284,21 @@ def _first_failure(out: str) -> str | None:
     return None
 
 
-def run_checks(root: Path, checks, timeout: float = DEFAULT_TIMEOUT, workers: int = 0) -> Outcome:
-    """Run ``pytest -x -q -p no:cacheprovider checks`` in `root` with PYTHONPATH = `root`."""
+def project_build_dir(root: Path = PROJECT_ROOT) -> Path:
+    """The build directory the project's own tests use (``$GA2_BUILD_DIR`` or ``<root>/build``)."""
+    env = os.environ.get("GA2_BUILD_DIR")
+    return Path(env) if env else root / "build"
+
+
+def run_checks(root: Path, checks, timeout: float = DEFAULT_TIMEOUT, workers: int = 0,
+               build_dir: Path | None = None) -> Outcome:
+    """Run ``pytest -x -q -p no:cacheprovider checks`` in `root` with PYTHONPATH = `root`.
+
+    `build_dir` becomes ``$GA2_BUILD_DIR`` (default: ``root/build``, i.e. nothing cached is shared).
+    """
     env = dict(os.environ)
     env["PYTHONPATH"] = str(root)
-    env["GA2_BUILD_DIR"] = str(root / "build")      # a Verilator model of a copy is never cached globally
+    env["GA2_BUILD_DIR"] = str(build_dir if build_dir is not None else root / "build")
     env["PYTHONDONTWRITEBYTECODE"] = "1"
     env.pop("GA2_VCD", None)
     cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-rfE", "--tb=line",
@@ -279,8 +317,9 @@ def run_checks(root: Path, checks, timeout: float = DEFAULT_TIMEOUT, workers: in
         return Outcome("timeout", None, time.monotonic() - t0, out[-2000:])
     secs = time.monotonic() - t0
     tail = out[-2000:]
+    skipped = sum(int(n) for n in re.findall(r"(\d+) skipped", out.splitlines()[-1] if out.strip() else ""))
     if proc.returncode == 0:
-        return Outcome("passed", None, secs, tail)
+        return Outcome("passed", None, secs, tail, skipped)
     first = _first_failure(out)
     if proc.returncode in (1, 2) and first is not None:
         return Outcome("failed", first, secs, tail)
@@ -301,7 +340,10 @@ def run_mutant(m: Mutant, timeout: float = DEFAULT_TIMEOUT, root: Path = PROJECT
     with tempfile.TemporaryDirectory(prefix="ga2-mutant-") as tmp:
         copy = copy_project(Path(tmp) / "project", root)
         (copy / m.file).write_text(text)
-        res = run_checks(copy, m.checks, timeout)
+        # The Verilator model depends on hdl/ only: other mutants reuse the project's cached build, a
+        # hardware mutant builds its own model inside the copy (and it is deleted with the copy).
+        build = copy / "build" if m.file.startswith("hdl/") else project_build_dir(root)
+        res = run_checks(copy, m.checks, timeout, build_dir=build)
     secs = time.monotonic() - t0
     if res.status == "failed":
         return "caught", f"by {res.first_failure}", secs
@@ -310,7 +352,8 @@ def run_mutant(m: Mutant, timeout: float = DEFAULT_TIMEOUT, root: Path = PROJECT
     if res.status == "passed":
         if m.equivalent:
             return "EQUIVALENT", f"because {m.equivalent}", secs
-        return "SURVIVED", "every check passed: " + " ".join(m.checks), secs
+        skipped = f" ({res.skipped} skipped)" if res.skipped else ""
+        return "SURVIVED", f"every check passed{skipped}: " + " ".join(m.checks), secs
     last = [ln for ln in res.tail.strip().splitlines() if ln.strip()][-1:] or ["no output"]
     return "BROKEN", f"pytest did not run the checks: {last[0]}", secs
 
@@ -320,7 +363,7 @@ def baseline(mutants, timeout: float, jobs: int, root: Path = PROJECT_ROOT) -> O
     checks = list(dict.fromkeys(c for m in mutants for c in m.checks))
     with tempfile.TemporaryDirectory(prefix="ga2-mutant-base-") as tmp:
         copy = copy_project(Path(tmp) / "project", root)
-        return run_checks(copy, checks, timeout * 2, workers=jobs)
+        return run_checks(copy, checks, timeout * 2, workers=jobs, build_dir=project_build_dir(root))
 
 
 # ---- command line ------------------------------------------------------------------------------------------
