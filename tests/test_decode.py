@@ -105,3 +105,12 @@ def test_help_explains_every_option():
     assert p.returncode == 0
     for opt in ("--window", "--steps", "--start", "--page", "--pages", "--model", "--seed", "--sim", "--json"):
         assert opt in p.stdout
+
+
+def test_verilator_reproduces_the_cycle_table_for_every_window(reference_runs, tmp_path):
+    """Issue 4: the book's cycle table on the RTL in Verilator, records identical to the reference."""
+    for window in (None, 8, 4):
+        rtl = _decode(tmp_path, "--window", "none" if window is None else str(window), "--sim", "verilator")
+        assert rtl["records"] == reference_runs[window]["records"]
+        assert rtl["tokens"] == reference_runs[window]["tokens"]
+        assert sum(r["counters"][0] for r in rtl["records"]) == TOTALS[window]
