@@ -21,6 +21,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -272,6 +273,25 @@ class Outcome:
 
 _FAIL_LINE = re.compile(r"^(FAILED|ERROR) (\S+)")
 
+# Check runs in flight, so that an interrupted run can end them (they run in their own sessions).
+_live: set = set()
+_live_lock = threading.Lock()
+_stopping = threading.Event()
+
+
+class Interrupted(Exception):
+    """The run was interrupted; no further checks start."""
+
+
+def _stop_all() -> None:
+    _stopping.set()
+    with _live_lock:
+        for proc in list(_live):
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
 
 def _first_failure(out: str) -> str | None:
     for line in out.splitlines():
@@ -307,14 +327,23 @@ def run_checks(root: Path, checks, timeout: float = DEFAULT_TIMEOUT, workers: in
         cmd += ["-n", str(workers)]
     cmd += list(checks)
     t0 = time.monotonic()
-    proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)
+    with _live_lock:
+        if _stopping.is_set():
+            raise Interrupted("interrupted")
+        proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True, start_new_session=True)
+        _live.add(proc)
     try:
         out, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)      # the whole group: pytest and anything it started
         out, _ = proc.communicate()
         return Outcome("timeout", None, time.monotonic() - t0, out[-2000:])
+    finally:
+        with _live_lock:
+            _live.discard(proc)
+    if _stopping.is_set():
+        raise Interrupted("interrupted")
     secs = time.monotonic() - t0
     tail = out[-2000:]
     skipped = sum(int(n) for n in re.findall(r"(\d+) skipped", out.splitlines()[-1] if out.strip() else ""))
@@ -397,6 +426,24 @@ def main(argv=None) -> int:
         return 0
 
     t_start = time.monotonic()
+    _stopping.clear()
+    pool = ThreadPoolExecutor(max_workers=args.jobs)
+    try:
+        return _run(chosen, args, pool, t_start)
+    except KeyboardInterrupt:
+        previous = signal.signal(signal.SIGINT, signal.SIG_IGN)    # a second ^C must not skip the cleanup
+        try:
+            _stop_all()
+            pool.shutdown(wait=True, cancel_futures=True)
+        finally:
+            signal.signal(signal.SIGINT, previous)
+        print("interrupted: the checks still running were stopped", file=sys.stderr)
+        return 130
+    finally:
+        pool.shutdown()
+
+
+def _run(chosen, args, pool, t_start) -> int:
     print("NOTE: each mutant deliberately breaks a copy of the project; 'caught' is the expected answer.")
     base = baseline([m for _, m in chosen], args.timeout, args.jobs)
     if base.status != "passed":
@@ -407,14 +454,13 @@ def main(argv=None) -> int:
     print(f"unmutated project passes the checks: yes ({base.seconds:.0f} s)")
 
     counts = {"caught": 0, "SURVIVED": 0, "EQUIVALENT": 0, "BROKEN": 0}
-    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
-        results = pool.map(lambda im: run_mutant(im[1], args.timeout), chosen)
-        for (i, m), (verdict, detail, secs) in zip(chosen, results):
-            counts[verdict] += 1
-            if verdict == "EQUIVALENT":
-                print(f"EQUIVALENT: {_label(i, m)}: survives {detail}")
-            else:
-                print(f"{verdict:9s}{_label(i, m)}  ({detail}, {secs:.1f} s)", flush=True)
+    results = pool.map(lambda im: run_mutant(im[1], args.timeout), chosen)
+    for (i, m), (verdict, detail, secs) in zip(chosen, results):
+        counts[verdict] += 1
+        if verdict == "EQUIVALENT":
+            print(f"EQUIVALENT: {_label(i, m)}: survives {detail}", flush=True)
+        else:
+            print(f"{verdict:9s}{_label(i, m)}  ({detail}, {secs:.1f} s)", flush=True)
 
     broken = len(chosen) - counts["EQUIVALENT"]
     if counts["EQUIVALENT"]:
@@ -422,7 +468,6 @@ def main(argv=None) -> int:
     print(f"wall time {time.monotonic() - t_start:.0f} s")
     print(f"{counts['caught']} of {broken} broken versions caught")
     return 0 if counts["caught"] == broken else 1
-
 
 if __name__ == "__main__":
     sys.exit(main())

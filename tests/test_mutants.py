@@ -123,3 +123,12 @@ def test_a_failing_unmutated_project_stops_the_run(monkeypatch, capsys):
     assert M.main(["--only", "host"]) == 1
     assert "the unmutated project does not pass the checks (failed, first failure tests/test_a.py::test_b)" \
         in capsys.readouterr().out
+
+
+def test_no_check_starts_after_an_interrupt(tmp_path):
+    M._stop_all()
+    try:
+        with pytest.raises(M.Interrupted):
+            M.run_checks(tmp_path, ["tests/test_window.py"], timeout=30)
+    finally:
+        M._stopping.clear()
