@@ -263,7 +263,21 @@ def copy_project(dst: Path, root: Path = PROJECT_ROOT) -> Path:
 # ---- running checks --------------------------------------------------------------------------------------
 @dataclass
 class Outcome:
-    """What a check run said: ``status`` is passed, failed, timeout or error (pytest could not run)."""
+    """What one pytest run of a list of checks said.
+
+    Attributes
+    ----------
+    status : str
+        ``passed``, ``failed``, ``timeout`` or ``error`` (pytest could not run the checks).
+    first_failure : str or None
+        Node id (or file) of the first failing test when ``failed``.
+    seconds : float
+        Wall time of the run.
+    tail : str
+        The last 2,000 characters of pytest's output.
+    skipped : int
+        Tests reported as skipped by a run that passed.
+    """
     status: str
     first_failure: str | None
     seconds: float
