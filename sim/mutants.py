@@ -334,7 +334,8 @@ def run_checks(root: Path, checks, timeout: float = DEFAULT_TIMEOUT, workers: in
     env["PYTHONPATH"] = str(root)
     env["GA2_BUILD_DIR"] = str(build_dir if build_dir is not None else root / "build")
     env["PYTHONDONTWRITEBYTECODE"] = "1"
-    env.pop("GA2_VCD", None)
+    for var in ("GA2_VCD", "PYTEST_ADDOPTS", "PYTEST_PLUGINS"):    # the command line below is the whole story
+        env.pop(var, None)
     cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-rfE", "--tb=line",
            "-o", "addopts="]
     if workers > 1:

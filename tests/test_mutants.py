@@ -132,3 +132,17 @@ def test_no_check_starts_after_an_interrupt(tmp_path):
             M.run_checks(tmp_path, ["tests/test_window.py"], timeout=30)
     finally:
         M._stopping.clear()
+
+
+def test_checks_import_the_copy_not_the_work_tree(tmp_path):
+    # Also under an editable install (CI): the copy's packages must shadow the installed ones.
+    copy = M.copy_project(tmp_path / "p")
+    (copy / "tests" / "test_where_from.py").write_text(
+        "import os\n"
+        "import compiler, hdl, host, sim\n\n\n"
+        "def test_where_from():\n"
+        "    root = os.path.realpath(os.environ['PYTHONPATH'])\n"
+        "    for mod in (compiler, hdl, host, sim):\n"
+        "        assert os.path.realpath(mod.__file__).startswith(root + os.sep), mod.__file__\n")
+    out = M.run_checks(copy, ["tests/test_where_from.py"], timeout=120)
+    assert out.status == "passed", out.tail
