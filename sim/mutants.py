@@ -438,6 +438,8 @@ def main(argv=None) -> int:
                   + (f"  [BROKEN: {problem}]" if problem else ""))
             print(f"{'':12s}{m.file}: {m.anchor.strip()!r} -> {m.replacement.strip()!r}")
             print(f"{'':12s}checks: {' '.join(m.checks)}")
+            if m.equivalent:
+                print(f"{'':12s}equivalent because {m.equivalent}")
         return 0
 
     t_start = time.monotonic()
