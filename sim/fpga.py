@@ -112,6 +112,31 @@ def summarize_report(report: dict) -> dict:
     return {"fmax": fmax, "utilization": util, "critical_paths": crit}
 
 
+def critical_sources(log_text: str, root: Path | None = None) -> list[str]:
+    """The project source lines (``hdl/requant.py:42``) the worst clock path of a nextpnr log runs through.
+
+    nextpnr prints, under "Critical path report for clock", a "Defined in:" list for each net; the ones
+    inside the project name the path in terms of the RTL. In order of first appearance, no repeats.
+    """
+    root = str(Path(root or Path(__file__).resolve().parent.parent)) + os.sep
+    out: list[str] = []
+    inside = False
+    for line in log_text.splitlines():
+        if "Critical path report for clock" in line:
+            if inside:
+                break           # only the first clock's path
+            inside = True
+        elif "Critical path report for cross-domain" in line and inside:
+            break
+        elif inside:
+            text = line.split("Info:", 1)[-1].strip()
+            if text.startswith(root):
+                loc = text[len(root):]
+                if loc not in out:
+                    out.append(loc)
+    return out
+
+
 def build(board: str, build_dir: Path, seed: int = 1, start: int = 0, verbose=print) -> dict:
     """Build the bitstream of the decode-step top for `board` in `build_dir`; return the summary dict."""
     platform = platform_for(board)
@@ -137,6 +162,8 @@ def build(board: str, build_dir: Path, seed: int = 1, start: int = 0, verbose=pr
                "bitstream_bytes": bit.stat().st_size, "build_seconds": round(seconds, 1),
                "program_words": len(step.program), "start_token": start, "tok_addr": step.tok_addr,
                "nextpnr_seed": seed, **summarize_report(report)}
+    tim = build_dir / f"{DESIGN_NAME}.tim"
+    summary["critical_path_sources"] = critical_sources(tim.read_text()) if tim.exists() else []
     del products
     return summary
 
@@ -151,6 +178,8 @@ def format_summary(s: dict) -> str:
         lines.append(f"  {k:16s} {v['used']:6d} / {v['available']:6d}  ({100 * v['used'] / v['available']:5.1f} %)")
     for p in s["critical_paths"][:1]:
         lines.append(f"critical path {p['from']} -> {p['to']}: {p['delay_ns']} ns, {p['start']} -> {p['end']}")
+    if s.get("critical_path_sources"):
+        lines.append(f"  through {', '.join(s['critical_path_sources'])}")
     return "\n".join(lines)
 
 

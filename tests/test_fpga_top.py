@@ -114,3 +114,34 @@ def test_missing_yowasp_tool_is_one_line(monkeypatch, capsys, tmp_path):
     assert guarded(main, ["--board", "ulx3s-85f", "--build-dir", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "not installed" in err and "yowasp-" in err
+
+
+def test_report_summary_and_critical_sources():
+    from sim.fpga import critical_sources, format_summary, summarize_report
+    report = {
+        "fmax": {"clk": {"achieved": 23.3249, "constraint": 25}},
+        "utilization": {"DP16KD": {"available": 208, "used": 26}, "DCUA": {"available": 2, "used": 0}},
+        "critical_paths": [{"from": "posedge clk", "to": "posedge clk", "path": [
+            {"delay": 5.5, "type": "clk-to-q", "from": {"cell": "a"}, "to": {"cell": "a"}},
+            {"delay": 1.25, "type": "routing", "from": {"cell": "a"}, "to": {"cell": "b"}},
+            {"delay": 0.25, "type": "logic", "from": {"cell": "b"}, "to": {"cell": "c"}}]}],
+    }
+    s = summarize_report(report)
+    assert s["fmax"] == {"clk": {"achieved_mhz": 23.32, "constraint_mhz": 25}}
+    assert s["utilization"] == {"DP16KD": {"used": 26, "available": 208}}      # unused kinds left out
+    assert s["critical_paths"][0]["delay_ns"] == 7.0
+    assert (s["critical_paths"][0]["start"], s["critical_paths"][0]["end"]) == ("a", "c")
+    log = "\n".join([
+        "Info: Critical path report for clock 'clk' (posedge -> posedge):",
+        "Info:                          Defined in:",
+        "Info:                               /repo/hdl/requant.py:42",
+        "Info:                               /share/lattice/arith_map_ccu2c.v:74.7-80.4",
+        "Info:                               /repo/hdl/requant.py:52",
+        "Info:                               /repo/hdl/requant.py:42",
+        "Info: Critical path report for cross-domain path '<async>' -> '<async>':",
+        "Info:                               /repo/hdl/fpga_top.py:68",
+    ])
+    assert critical_sources(log, root="/repo") == ["hdl/requant.py:42", "hdl/requant.py:52"]
+    text = format_summary({**s, "bitstream": "x.bit", "bitstream_bytes": 3, "build_seconds": 1.0,
+                           "critical_path_sources": ["hdl/requant.py:42"]})
+    assert "23.32 MHz (FAILS the 25 MHz constraint)" in text and "through hdl/requant.py:42" in text
