@@ -5,55 +5,25 @@ Element k is compared in W(k+2); the index is written once, in W(len+2) while `f
 """
 
 from amaranth.hdl import Module, Signal, signed
-from amaranth.lib import data, wiring
-from amaranth.lib.wiring import In, Out
 
-from .isa import HW_OPERANDS, Op
+from .isa import Op
+from .unit import SpadUnit
 
 __all__ = ["ArgmaxUnit"]
 
 
-def _operand(ins, op, name):
-    hi, lo = HW_OPERANDS[op][name]
-    return ins[lo:hi + 1]
-
-
-# The latched operands, one register (a simulator then updates one signal instead of one per field).
-_Operands = data.StructLayout({"src": 12, "dst": 12, "len": 12})
-
-
-class ArgmaxUnit(wiring.Component):
+class ArgmaxUnit(SpadUnit):
     """spad[dst] = index of the first maximum of s32(spad[src .. src+len-1]).
 
-    Ports
-    -----
-    start : In(1)
-        Issue pulse; dst, src and len are latched when ``start & ~busy``.
-    ins : In(128)
-        Instruction register.
-    busy, done : Out(1)
-        Busy while running; ``done`` is a registered one-cycle pulse in W(len+3).
-    ra : Out(12)
-        Scratchpad read address, ``src + i``.
-    sp_rd : In(32)
-        Scratchpad read data.
-    we, wa, wd : Out(1), Out(12), Out(32)
-        Scratchpad write port: ``we = fin``, ``wa = dst``, ``wd`` = the index zero-extended.
+    The ports are `SpadUnit`'s. dst, src and len are latched at E0; ``ra = src + i``; the write port has
+    ``we = fin``, ``wa = dst`` and ``wd`` = the index zero-extended; ``done`` is high in W(len+3).
     """
 
-    start: In(1)
-    ins:   In(128)
-    busy:  Out(1)
-    done:  Out(1)
-    ra:    Out(12)
-    sp_rd: In(32)
-    we:    Out(1)
-    wa:    Out(12)
-    wd:    Out(32)
+    OP = Op.AMAX
 
     def elaborate(self, platform):
         m = Module()
-        opr = Signal(_Operands)
+        opr = self.operand_register()
         src, dst, n = opr.src, opr.dst, opr.len
         i = Signal(12)
         j = Signal(12)
@@ -68,18 +38,14 @@ class ArgmaxUnit(wiring.Component):
             self.wa.eq(dst),
             self.wd.eq(bidx),
         ]
-        m.d.sync += self.done.eq(0)
+        self.done_pulse(m)
         with m.If(self.start & ~self.busy):
-            m.d.sync += [
-                src.eq(_operand(self.ins, Op.AMAX, "src")),
-                dst.eq(_operand(self.ins, Op.AMAX, "dst")),
-                n.eq(_operand(self.ins, Op.AMAX, "len")),
-                i.eq(0), j.eq(0), v.eq(0), fin.eq(0),
-                self.busy.eq(1),
-            ]
+            self.begin(m, opr)
+            m.d.sync += [i.eq(0), j.eq(0), v.eq(0), fin.eq(0)]
         with m.Elif(self.busy):
             with m.If(fin):
-                m.d.sync += [fin.eq(0), self.busy.eq(0), self.done.eq(1)]
+                self.finish(m)
+                m.d.sync += fin.eq(0)
             with m.Else():
                 m.d.sync += v.eq(i < n)
                 with m.If(i < n):

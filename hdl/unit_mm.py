@@ -5,12 +5,11 @@ the array, RUN (K+M+N-2) streams the skewed operands, OUT (M*N) writes C m-major
 done pulse follows, so done is high in W_B with B = M*K + K*N + (K+M+N-2) + M*N + 7.
 """
 from amaranth.hdl import Module, Mux, Signal, Cat
-from amaranth.lib import wiring
-from amaranth.lib.wiring import In, Out
 
-from hdl.isa import HW_OPERANDS, Op
+from hdl.isa import Op
 from hdl.rowmem import RowMem
 from hdl.systolic import SystolicArray
+from hdl.unit import SpadUnit, operand
 
 __all__ = ["MatrixUnit"]
 
@@ -18,45 +17,16 @@ ARRAY_N = 4         # the systolic array is ARRAY_N x ARRAY_N; M and N are 1..AR
 ROW_DEPTH = 64      # operand memories hold K <= 64 int8 values
 
 
-def _operand(ins, name):
-    hi, lo = HW_OPERANDS[Op.MM][name]
-    return ins[lo:hi + 1]
-
-
-class MatrixUnit(wiring.Component):
+class MatrixUnit(SpadUnit):
     """The MM unit: stages A and B into operand memories, runs the array, writes C to the scratchpad.
 
-    Operands (latched at E0 from ``ins``): dst, A, B, lda, ldb, M, K, N, tb, ldc, with the bit positions of
-    ``hdl.isa.HW_OPERANDS[Op.MM]``. All operands are staged before any result is written, so the
-    operand and result regions may overlap freely. Results wrap at 32 bits.
-
-    Attributes
-    ----------
-    start : In(1)
-        One-cycle pulse in the sequencer's ISSUE cycle; sampled when the unit is not busy.
-    ins : In(128)
-        The instruction register.
-    busy : Out(1)
-        High from E0 until the FIN cycle's closing edge.
-    done : Out(1)
-        Registered one-cycle pulse, in cycle W_B.
-    ra : Out(12)
-        Scratchpad read address (the ``ptr`` register).
-    sp_rd : In(32)
-        The scratchpad's registered read data; only bits [7:0] are used.
-    we, wa, wd : Out(1), Out(12), Out(32)
-        Scratchpad write port, active in OUT.
+    The ports are `SpadUnit`'s. dst, A, B, lda, ldb, M, K, N, tb and ldc are latched at E0; ``ra`` is
+    the ``ptr`` register; only ``sp_rd[7:0]`` is used; the write port is active in OUT. All operands
+    are staged before any result is written, so the operand and result regions may overlap freely.
+    Results wrap at 32 bits.
     """
 
-    start: In(1)
-    ins:   In(128)
-    busy:  Out(1)
-    done:  Out(1)
-    ra:    Out(12)
-    sp_rd: In(32)
-    we:    Out(1)
-    wa:    Out(12)
-    wd:    Out(32)
+    OP = Op.MM
 
     def elaborate(self, platform):
         m = Module()
@@ -69,15 +39,9 @@ class MatrixUnit(wiring.Component):
             m.submodules[f"bmem{i}"] = bmem[i]
 
         # Operands, latched at E0.
-        dst = Signal(12)
-        b_base = Signal(12)
-        lda = Signal(12)
-        ldb = Signal(12)
-        ldc = Signal(12)
-        M = Signal(4)
-        K = Signal(7)
-        N = Signal(4)
-        tb = Signal(1)
+        opr = self.operand_register()
+        dst, b_base, lda, ldb, ldc = opr.dst, opr.B, opr.lda, opr.ldb, opr.ldc
+        M, K, N, tb = opr.M, opr.K, opr.N, opr.tb
 
         # Counters and pointers.
         mi = Signal(4)
@@ -97,7 +61,7 @@ class MatrixUnit(wiring.Component):
         k_d = Signal(7)
 
         m.d.comb += self.ra.eq(ptr)
-        m.d.sync += self.done.eq(0)
+        self.done_pulse(m)
 
         # Operand memories: written while staging, read at (t - i) mod 64 while running.
         staged = self.sp_rd[:8].as_signed()
@@ -125,21 +89,12 @@ class MatrixUnit(wiring.Component):
         with m.FSM(name="mm_state"):
             with m.State("IDLE"):
                 with m.If(self.start):
-                    a_base = _operand(self.ins, "A")
+                    a_base = operand(self.ins, Op.MM, "A")
+                    self.begin(m, opr)
                     m.d.sync += [
-                        dst.eq(_operand(self.ins, "dst")),
-                        b_base.eq(_operand(self.ins, "B")),
-                        lda.eq(_operand(self.ins, "lda")),
-                        ldb.eq(_operand(self.ins, "ldb")),
-                        ldc.eq(_operand(self.ins, "ldc")),
-                        M.eq(_operand(self.ins, "M")),
-                        K.eq(_operand(self.ins, "K")),
-                        N.eq(_operand(self.ins, "N")),
-                        tb.eq(_operand(self.ins, "tb")),
                         ptr.eq(a_base), rowbase.eq(a_base),
                         mi.eq(0), ki.eq(0),
                         iss.eq(1), v.eq(0),
-                        self.busy.eq(1),
                     ]
                     m.next = "LA"
 
@@ -205,7 +160,7 @@ class MatrixUnit(wiring.Component):
                     m.d.sync += [ni.eq(ni + 1), oaddr.eq(oaddr + 1)]
 
             with m.State("FIN"):
-                m.d.sync += [self.busy.eq(0), self.done.eq(1)]
+                self.finish(m)
                 m.next = "IDLE"
 
         return m

@@ -5,12 +5,11 @@ and sums it, DIVS (1) starts the 40-bit divider on 2^38 / sum, WAITD (42) waits 
 back from dst and writes (e*r + 2^21) >> 22 over it; done is high in W_B with B = 3*len + 47.
 """
 from amaranth.hdl import Module, Mux, Signal, signed
-from amaranth.lib import wiring
-from amaranth.lib.wiring import In, Out
 
 from hdl.divider import Divider
 from hdl.exp_lut import ExpTable
-from hdl.isa import HW_OPERANDS, Op
+from hdl.isa import Op
+from hdl.unit import SpadUnit
 
 __all__ = ["SoftmaxUnit"]
 
@@ -18,45 +17,16 @@ DIV_WIDTH = 40
 RECIP_NUM = 1 << 38     # the divider's constant numerator: r = floor(2^38 / sum)
 
 
-def _operand(ins, name):
-    hi, lo = HW_OPERANDS[Op.SM][name]
-    return ins[lo:hi + 1]
-
-
-class SoftmaxUnit(wiring.Component):
+class SoftmaxUnit(SpadUnit):
     """The SM unit: three passes over the scores with one division between the second and the third.
 
-    Operands (latched at E0 from ``ins``): dst, src, len, with the bit positions of
-    ``hdl.isa.HW_OPERANDS[Op.SM]``. dst may equal src (in-place): element k+1 is read in the cycle
-    element k is written. The e values live in dst between P2 and P3.
-
-    Attributes
-    ----------
-    start : In(1)
-        One-cycle pulse in the sequencer's ISSUE cycle; sampled when the unit is not busy.
-    ins : In(128)
-        The instruction register.
-    busy : Out(1)
-        High from E0 until the last P3 edge.
-    done : Out(1)
-        Registered one-cycle pulse, in cycle W_B.
-    ra : Out(12)
-        Scratchpad read address: src+i in P1 and P2, dst+i in P3.
-    sp_rd : In(32)
-        The scratchpad's registered read data.
-    we, wa, wd : Out(1), Out(12), Out(32)
-        Scratchpad write port: e in P2, the probability in P3, both at dst+j.
+    The ports are `SpadUnit`'s. dst, src and len are latched at E0; dst may equal src (in-place):
+    element k+1 is read in the cycle element k is written. ``ra`` is src+i in P1 and P2, dst+i in P3;
+    the write port writes e in P2 and the probability in P3, both at dst+j. The e values live in dst
+    between P2 and P3.
     """
 
-    start: In(1)
-    ins:   In(128)
-    busy:  Out(1)
-    done:  Out(1)
-    ra:    Out(12)
-    sp_rd: In(32)
-    we:    Out(1)
-    wa:    Out(12)
-    wd:    Out(32)
+    OP = Op.SM
 
     def elaborate(self, platform):
         m = Module()
@@ -64,9 +34,8 @@ class SoftmaxUnit(wiring.Component):
         m.submodules.exp = exp = ExpTable()
         m.submodules.div = div = Divider(DIV_WIDTH)
 
-        src = Signal(12)
-        dst = Signal(12)
-        length = Signal(12)
+        opr = self.operand_register()
+        src, dst, length = opr.src, opr.dst, opr.len
         i = Signal(12)          # next element to read
         j = Signal(12)          # element whose data is in sp_rd when v is set
         v = Signal()
@@ -88,7 +57,8 @@ class SoftmaxUnit(wiring.Component):
             self.ra.eq(src + i),        # dst + i in P3
             self.wd.eq(scaled),         # e in P2
         ]
-        m.d.sync += [self.done.eq(0), d_start.eq(0)]
+        self.done_pulse(m)
+        m.d.sync += d_start.eq(0)
 
         def stream(action, last):
             # The read skeleton shared by the passes: address i now, its data (index j) next cycle.
@@ -105,13 +75,10 @@ class SoftmaxUnit(wiring.Component):
         with m.FSM(name="sm_state"):
             with m.State("IDLE"):
                 with m.If(self.start):
+                    self.begin(m, opr)
                     m.d.sync += [
-                        src.eq(_operand(self.ins, "src")),
-                        dst.eq(_operand(self.ins, "dst")),
-                        length.eq(_operand(self.ins, "len")),
                         i.eq(0), j.eq(0), v.eq(0),
                         mx.eq(-128), total.eq(0),
-                        self.busy.eq(1),
                     ]
                     m.next = "P1"
 
@@ -147,7 +114,7 @@ class SoftmaxUnit(wiring.Component):
                 m.d.comb += [self.ra.eq(dst + i), self.we.eq(v), self.wd.eq(scaled)]
 
                 def finish():
-                    m.d.sync += [self.busy.eq(0), self.done.eq(1)]
+                    self.finish(m)
                     m.next = "IDLE"
                 stream(lambda: None, finish)
 

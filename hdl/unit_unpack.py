@@ -5,21 +5,12 @@ and its nibbles 0..7 are written in W(10i+3) .. W(10i+10) (WR); `done` is high i
 """
 
 from amaranth.hdl import Module, Signal
-from amaranth.lib import data, enum, wiring
-from amaranth.lib.wiring import In, Out
+from amaranth.lib import enum
 
-from .isa import HW_OPERANDS, Op
+from .isa import Op
+from .unit import SpadUnit
 
 __all__ = ["UnpackUnit"]
-
-
-def _operand(ins, op, name):
-    hi, lo = HW_OPERANDS[op][name]
-    return ins[lo:hi + 1]
-
-
-# The latched operands, one register (a simulator then updates one signal instead of one per field).
-_Operands = data.StructLayout({"src": 12, "dst": 12, "len": 12})
 
 
 class _Phase(enum.Enum, shape=2):
@@ -28,38 +19,18 @@ class _Phase(enum.Enum, shape=2):
     WR = 2
 
 
-class UnpackUnit(wiring.Component):
+class UnpackUnit(SpadUnit):
     """spad[dst + 8i + j] = sext4(nibble j of spad[src + i]) for i < len, j < 8.
 
-    Ports
-    -----
-    start : In(1)
-        Issue pulse; dst, src and len (packed source words) are latched when ``start & ~busy``.
-    ins : In(128)
-        Instruction register.
-    busy, done : Out(1)
-        Busy while running; ``done`` is a registered one-cycle pulse in W(10·len+1).
-    ra : Out(12)
-        Scratchpad read address, ``src + i``.
-    sp_rd : In(32)
-        Scratchpad read data.
-    we, wa, wd : Out(1), Out(12), Out(32)
-        Scratchpad write port (one nibble per cycle in the WR phase).
+    The ports are `SpadUnit`'s. dst, src and len (packed source words) are latched at E0;
+    ``ra = src + i``; one nibble is written per cycle in the WR phase; ``done`` is high in W(10·len+1).
     """
 
-    start: In(1)
-    ins:   In(128)
-    busy:  Out(1)
-    done:  Out(1)
-    ra:    Out(12)
-    sp_rd: In(32)
-    we:    Out(1)
-    wa:    Out(12)
-    wd:    Out(32)
+    OP = Op.UNPACK
 
     def elaborate(self, platform):
         m = Module()
-        opr = Signal(_Operands)
+        opr = self.operand_register()
         src, dst, n = opr.src, opr.dst, opr.len
         i = Signal(12)
         j = Signal(3)
@@ -72,15 +43,10 @@ class UnpackUnit(wiring.Component):
             self.wa.eq(dst + (i << 3) + j),
             self.wd.eq(w.word_select(j, 4).as_signed()),
         ]
-        m.d.sync += self.done.eq(0)
+        self.done_pulse(m)
         with m.If(self.start & ~self.busy):
-            m.d.sync += [
-                src.eq(_operand(self.ins, Op.UNPACK, "src")),
-                dst.eq(_operand(self.ins, Op.UNPACK, "dst")),
-                n.eq(_operand(self.ins, Op.UNPACK, "len")),
-                i.eq(0), phase.eq(_Phase.RD),
-                self.busy.eq(1),
-            ]
+            self.begin(m, opr)
+            m.d.sync += [i.eq(0), phase.eq(_Phase.RD)]
         with m.Elif(self.busy):
             with m.Switch(phase):
                 with m.Case(_Phase.RD):
@@ -91,7 +57,7 @@ class UnpackUnit(wiring.Component):
                     m.d.sync += j.eq(j + 1)
                     with m.If(j == 7):
                         with m.If(i == n - 1):
-                            m.d.sync += [self.busy.eq(0), self.done.eq(1)]
+                            self.finish(m)
                         with m.Else():
                             m.d.sync += [i.eq(i + 1), phase.eq(_Phase.RD)]
         return m

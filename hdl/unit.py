@@ -1,0 +1,91 @@
+"""What the chip's seven execution units share: their port block, operand latching and done pulse (spec 4).
+
+A unit acts on `start` (the sequencer's ISSUE cycle) only while not busy: at that edge E0 it latches its
+operands from `ins` and raises `busy`; at its last working edge it drops `busy` and raises the registered
+one-cycle `done`, which the sequencer sees in the last WAIT cycle W_B.
+"""
+from amaranth.hdl import Cat, Signal
+from amaranth.lib import data, wiring
+from amaranth.lib.wiring import In, Out
+
+from .isa import HW_OPERANDS, Op
+
+__all__ = ["Unit", "SpadUnit", "operand", "operand_layout", "operand_bits"]
+
+
+def operand(ins, op, name):
+    """Operand `name` of opcode `op`, sliced from the instruction word `ins` (``HW_OPERANDS`` bits)."""
+    hi, lo = HW_OPERANDS[op][name]
+    return ins[lo:hi + 1]
+
+
+def operand_layout(op):
+    """A struct of every operand of `op`, each as wide as its field in ``HW_OPERANDS``."""
+    return data.StructLayout({name: hi - lo + 1 for name, (hi, lo) in HW_OPERANDS[op].items()})
+
+
+def operand_bits(ins, op):
+    """Every operand of `op` from `ins`, concatenated in `operand_layout(op)` order."""
+    return Cat(operand(ins, op, name) for name in HW_OPERANDS[op])
+
+
+class Unit(wiring.Component):
+    """Base class of the units: the ports the chip connects by name, and the start/done skeleton.
+
+    A subclass sets `OP` to its opcode and adds its write ports (see `SpadUnit`). Its operands are
+    latched into one register of ``operand_layout(OP)``: one signal for a simulator to update.
+
+    Ports
+    -----
+    start : In(1)
+        One-cycle pulse in the sequencer's ISSUE cycle; ignored while busy.
+    ins : In(128)
+        The instruction register; the operands are taken from it at E0.
+    busy : Out(1)
+        High from E0 until the unit's last working edge.
+    done : Out(1)
+        Registered one-cycle pulse in the unit's last WAIT cycle.
+    ra : Out(12)
+        Scratchpad read address.
+    sp_rd : In(32)
+        The scratchpad's registered read data (the word at the previous cycle's ``ra``).
+    """
+
+    OP: Op = None
+
+    start: In(1)
+    ins:   In(128)
+    busy:  Out(1)
+    done:  Out(1)
+    ra:    Out(12)
+    sp_rd: In(32)
+
+    def operand_register(self):
+        """A new register for this unit's operands, laid out as ``operand_layout(self.OP)``."""
+        return Signal(operand_layout(self.OP), name="opr")
+
+    def begin(self, m, opr):
+        """At E0 (to be used under the unit's start condition): latch the operands into `opr`, go busy."""
+        m.d.sync += [opr.eq(operand_bits(self.ins, self.OP)), self.busy.eq(1)]
+
+    def finish(self, m):
+        """The last working edge: drop busy and pulse done (cleared by `done_pulse` one edge later)."""
+        m.d.sync += [self.busy.eq(0), self.done.eq(1)]
+
+    def done_pulse(self, m):
+        """`done` is low after every edge that does not `finish`."""
+        m.d.sync += self.done.eq(0)
+
+
+class SpadUnit(Unit):
+    """A unit that writes the scratchpad: `Unit`'s ports plus the write port the chip routes by ``cur``.
+
+    Ports
+    -----
+    we, wa, wd : Out(1), Out(12), Out(32)
+        Scratchpad write enable, address and data.
+    """
+
+    we: Out(1)
+    wa: Out(12)
+    wd: Out(32)
