@@ -32,7 +32,7 @@ class SystolicArray(wiring.Component):
     b_edge : In(ArrayLayout(signed(8), n))
         Element j enters column j at PE(0,j).
     c : Out(ArrayLayout(signed(32), n*n))
-        PE(i,j)'s accumulator at index i*n+j, straight from the registers.
+        PE(i,j)'s accumulator at index i*n+j: the accumulator registers themselves.
 
     Raises
     ------
@@ -57,18 +57,20 @@ class SystolicArray(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         n = self._n
-        a_out = [[Signal(signed(8), name=f"a_{i}_{j}") for j in range(n)] for i in range(n)]
-        b_out = [[Signal(signed(8), name=f"b_{i}_{j}") for j in range(n)] for i in range(n)]
-        acc = [[Signal(signed(32), name=f"acc_{i}_{j}") for j in range(n)] for i in range(n)]
-        for i in range(n):
-            for j in range(n):
-                a_in = self.a_edge[i] if j == 0 else a_out[i][j - 1]
-                b_in = self.b_edge[j] if i == 0 else b_out[i - 1][j]
-                with m.If(self.clr):
-                    m.d.sync += [a_out[i][j].eq(0), b_out[i][j].eq(0), acc[i][j].eq(0)]
-                with m.Else():
+        # The pass-through registers of all PEs in two arrays and the accumulators in the `c` port
+        # itself (PE(i,j) at index i*n+j): the same 2*8 + 32 bits per PE, but three signals for a
+        # simulator to update at each edge instead of 3*n*n, and no copy from accumulators to `c`.
+        a_out = Signal(data.ArrayLayout(signed(8), n * n))
+        b_out = Signal(data.ArrayLayout(signed(8), n * n))
+        acc = self.c
+        with m.If(self.clr):
+            m.d.sync += [a_out.eq(0), b_out.eq(0), acc.eq(0)]
+        with m.Else():
+            for i in range(n):
+                for j in range(n):
+                    pe = i * n + j
+                    a_in = self.a_edge[i] if j == 0 else a_out[pe - 1]
+                    b_in = self.b_edge[j] if i == 0 else b_out[pe - n]
                     # The 16-bit signed product added into 32 bits; .eq truncates the sum (wrap).
-                    m.d.sync += [a_out[i][j].eq(a_in), b_out[i][j].eq(b_in),
-                                 acc[i][j].eq(acc[i][j] + a_in * b_in)]
-                m.d.comb += self.c[i * n + j].eq(acc[i][j])
+                    m.d.sync += [a_out[pe].eq(a_in), b_out[pe].eq(b_in), acc[pe].eq(acc[pe] + a_in * b_in)]
         return m

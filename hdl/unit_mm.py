@@ -4,10 +4,11 @@ Timing: start is sampled at E0; then LA (M*K + 2 cycles) stages A, LB (K*N + 2) 
 the array, RUN (K+M+N-2) streams the skewed operands, OUT (M*N) writes C m-major, FIN (1) ends, and the
 done pulse follows, so done is high in W_B with B = M*K + K*N + (K+M+N-2) + M*N + 7.
 """
-from amaranth.hdl import Module, Mux, Signal, Cat
+from amaranth.hdl import Cat, Module, Mux, Signal, signed
+from amaranth.lib import data
+from amaranth.lib.memory import Memory
 
 from hdl.isa import Op
-from hdl.rowmem import RowMem
 from hdl.systolic import SystolicArray
 from hdl.unit import SpadUnit, operand
 
@@ -32,11 +33,17 @@ class MatrixUnit(SpadUnit):
         m = Module()
 
         m.submodules.array = array = SystolicArray(ARRAY_N)
-        amem = [RowMem(ROW_DEPTH) for _ in range(ARRAY_N)]
-        bmem = [RowMem(ROW_DEPTH) for _ in range(ARRAY_N)]
-        for i in range(ARRAY_N):
-            m.submodules[f"amem{i}"] = amem[i]
-            m.submodules[f"bmem{i}"] = bmem[i]
+        # The 4 A and the 4 B operand memories (spec 5.2) as two memories of 4 int8 lanes: lane i at
+        # address k is A memory i (B memory i) at k. Each lane has its own write enable and its own
+        # combinational read port, so they are the same eight memories; a simulator sees two write
+        # ports per edge instead of eight.
+        lanes = data.ArrayLayout(signed(8), ARRAY_N)
+        m.submodules.amem = amem = Memory(shape=lanes, depth=ROW_DEPTH, init=[])
+        m.submodules.bmem = bmem = Memory(shape=lanes, depth=ROW_DEPTH, init=[])
+        a_wr = amem.write_port(granularity=1)
+        b_wr = bmem.write_port(granularity=1)
+        a_rd = [amem.read_port(domain="comb") for _ in range(ARRAY_N)]
+        b_rd = [bmem.read_port(domain="comb") for _ in range(ARRAY_N)]
 
         # Operands, latched at E0.
         opr = self.operand_register()
@@ -63,30 +70,34 @@ class MatrixUnit(SpadUnit):
         m.d.comb += self.ra.eq(ptr)
         self.done_pulse(m)
 
+        # The combinational logic in three submodules, so that a simulator re-evaluates each only when
+        # its own inputs move: staging writes (LA, LB), the skewed feed (RUN), the result port (OUT).
+        m.submodules.stage = stage = Module()
+        m.submodules.feed = feed = Module()
+        m.submodules.result = result = Module()
+
         # Operand memories: written while staging, read at (t - i) mod 64 while running.
         staged = self.sp_rd[:8].as_signed()
         for i in range(ARRAY_N):
-            m.d.comb += [
-                amem[i].waddr.eq(k_d), amem[i].wdata.eq(staged),
-                bmem[i].waddr.eq(k_d), bmem[i].wdata.eq(staged),
-                amem[i].raddr.eq(t - i), bmem[i].raddr.eq(t - i),
-            ]
+            stage.d.comb += [a_wr.data[i].eq(staged), b_wr.data[i].eq(staged)]
+            feed.d.comb += [a_rd[i].addr.eq(t - i), b_rd[i].addr.eq(t - i)]
+        stage.d.comb += [a_wr.addr.eq(k_d), b_wr.addr.eq(k_d)]
 
         # Skewed feed: row i gets A[i][t-i] and column i gets B[t-i][i] while they exist, else 0.
         running = Signal()
         for i in range(ARRAY_N):
             in_k = (t < K) if i == 0 else (t >= i) & (t - i < K)
-            m.d.comb += [
-                array.a_edge[i].eq(Mux(running & (i < M) & in_k, amem[i].rdata, 0)),
-                array.b_edge[i].eq(Mux(running & (i < N) & in_k, bmem[i].rdata, 0)),
+            feed.d.comb += [
+                array.a_edge[i].eq(Mux(running & (i < M) & in_k, a_rd[i].data[i], 0)),
+                array.b_edge[i].eq(Mux(running & (i < N) & in_k, b_rd[i].data[i], 0)),
             ]
 
-        m.d.comb += [
+        result.d.comb += [
             self.wa.eq(oaddr),
             self.wd.eq(array.c[Cat(ni[:2], mi[:2])]),
         ]
 
-        with m.FSM(name="mm_state"):
+        with m.FSM(name="mm_state") as fsm:
             with m.State("IDLE"):
                 with m.If(self.start):
                     a_base = operand(self.ins, Op.MM, "A")
@@ -101,8 +112,6 @@ class MatrixUnit(SpadUnit):
             with m.State("LA"):
                 # A, m major and k minor; row m goes to A memory m.
                 m.d.sync += [v.eq(iss), m_d.eq(mi), k_d.eq(ki)]
-                for i in range(ARRAY_N):
-                    m.d.comb += amem[i].we.eq(v & (m_d == i))
                 with m.If(iss):
                     with m.If(ki == K - 1):
                         m.d.sync += ki.eq(0)
@@ -119,8 +128,6 @@ class MatrixUnit(SpadUnit):
             with m.State("LB"):
                 # B, k major and n minor; element (k, n) goes to B memory n at address k.
                 m.d.sync += [v.eq(iss), n_d.eq(ni), k_d.eq(ki)]
-                for i in range(ARRAY_N):
-                    m.d.comb += bmem[i].we.eq(v & (n_d == i))
                 with m.If(iss):
                     with m.If(ni == N - 1):
                         m.d.sync += ni.eq(0)
@@ -141,7 +148,6 @@ class MatrixUnit(SpadUnit):
 
             with m.State("RUN"):
                 # PE(i, j) takes (A[i][k], B[k][j]) at the edge closing t = k + i + j.
-                m.d.comb += running.eq(1)
                 m.d.sync += t.eq(t + 1)
                 with m.If(t == K + M + N - 3):
                     m.d.sync += [mi.eq(0), ni.eq(0), orow.eq(dst), oaddr.eq(dst)]
@@ -149,7 +155,6 @@ class MatrixUnit(SpadUnit):
 
             with m.State("OUT"):
                 # The array keeps clocking with zero edges, so the accumulators hold.
-                m.d.comb += self.we.eq(1)
                 with m.If(ni == N - 1):
                     m.d.sync += ni.eq(0)
                     with m.If(mi == M - 1):
@@ -162,5 +167,13 @@ class MatrixUnit(SpadUnit):
             with m.State("FIN"):
                 self.finish(m)
                 m.next = "IDLE"
+
+        # Row m of A goes to A memory m, element (k, n) of B to B memory n, both at address k.
+        stage.d.comb += [
+            a_wr.en.eq(Cat(fsm.ongoing("LA") & v & (m_d == i) for i in range(ARRAY_N))),
+            b_wr.en.eq(Cat(fsm.ongoing("LB") & v & (n_d == i) for i in range(ARRAY_N))),
+        ]
+        feed.d.comb += running.eq(fsm.ongoing("RUN"))
+        result.d.comb += self.we.eq(fsm.ongoing("OUT"))
 
         return m
