@@ -183,8 +183,15 @@ def format_summary(s: dict) -> str:
     return "\n".join(lines)
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with its errors in one line (``error: ...``, status 2), like every command here."""
+
+    def error(self, message):
+        self.exit(2, f"error: {message}\n")
+
+
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m sim.fpga", description=__doc__.splitlines()[0])
+    ap = _Parser(prog="python -m sim.fpga", description=__doc__.splitlines()[0])
     ap.add_argument("--board", required=True, help=f"the board: {', '.join(BOARDS)}")
     ap.add_argument("--build-dir", type=Path, default=Path("build/fpga"), metavar="DIR",
                     help="where amaranth writes the build and the reports (default build/fpga)")

@@ -260,8 +260,15 @@ def format_table(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with its errors in one line (``error: ...``, status 2), like every command here."""
+
+    def error(self, message):
+        self.exit(2, f"error: {message}\n")
+
+
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m sim.synth", description=__doc__.splitlines()[0])
+    ap = _Parser(prog="python -m sim.synth", description=__doc__.splitlines()[0])
     ap.add_argument("--target", default="generic", help="generic (4-LUTs), ecp5 or ice40 (default generic)")
     ap.add_argument("--only", nargs="+", metavar="NAME", help="these blocks only (default: every block)")
     ap.add_argument("--json", metavar="PATH", help="also write every row, with all cell counts, as JSON")

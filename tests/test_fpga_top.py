@@ -145,3 +145,12 @@ def test_report_summary_and_critical_sources():
     text = format_summary({**s, "bitstream": "x.bit", "bitstream_bytes": 3, "build_seconds": 1.0,
                            "critical_path_sources": ["hdl/requant.py:42"]})
     assert "23.32 MHz (FAILS the 25 MHz constraint)" in text and "through hdl/requant.py:42" in text
+
+
+@pytest.mark.parametrize("argv, needle", [([], "--board"), (["--board", "ulx3s-85f", "--seed", "q"], "'q'")])
+def test_bad_command_line_is_one_line(argv, needle, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error:") and needle in err

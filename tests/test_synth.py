@@ -144,3 +144,11 @@ def test_failed_place_and_route_keeps_the_row(monkeypatch):
     assert row.ff == 8 and row.pnr_failed and not row.routed
     assert row.path == "pnr failed" and "legal placement" in row.note
     assert S.format_table([row]).splitlines()[1].endswith("*")
+
+
+def test_argparse_errors_are_one_line(capsys):
+    with pytest.raises(SystemExit) as e:
+        S.main(["--target"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error:")
