@@ -60,17 +60,25 @@ class SystolicArray(wiring.Component):
         # The pass-through registers of all PEs in two arrays and the accumulators in the `c` port
         # itself (PE(i,j) at index i*n+j): the same 2*8 + 32 bits per PE, but three signals for a
         # simulator to update at each edge instead of 3*n*n, and no copy from accumulators to `c`.
-        a_out = Signal(data.ArrayLayout(signed(8), n * n))
-        b_out = Signal(data.ArrayLayout(signed(8), n * n))
+        pe_bytes = data.ArrayLayout(signed(8), n * n)
+        a_out = Signal(pe_bytes)
+        b_out = Signal(pe_bytes)
         acc = self.c
+        # The registers' next values (their D inputs) as named wires: the same logic, but a simulator
+        # re-evaluates the n*n multiply-adds only when an input moves, not at every edge of a run in
+        # which the array holds (zero edges, zero pass-throughs).
+        a_nxt = Signal(pe_bytes)
+        b_nxt = Signal(pe_bytes)
+        acc_nxt = Signal.like(self.c)
+        for i in range(n):
+            for j in range(n):
+                pe = i * n + j
+                a_in = self.a_edge[i] if j == 0 else a_out[pe - 1]
+                b_in = self.b_edge[j] if i == 0 else b_out[pe - n]
+                # The 16-bit signed product added into 32 bits; .eq truncates the sum (wrap).
+                m.d.comb += [a_nxt[pe].eq(a_in), b_nxt[pe].eq(b_in), acc_nxt[pe].eq(acc[pe] + a_in * b_in)]
         with m.If(self.clr):
             m.d.sync += [a_out.eq(0), b_out.eq(0), acc.eq(0)]
         with m.Else():
-            for i in range(n):
-                for j in range(n):
-                    pe = i * n + j
-                    a_in = self.a_edge[i] if j == 0 else a_out[pe - 1]
-                    b_in = self.b_edge[j] if i == 0 else b_out[pe - n]
-                    # The 16-bit signed product added into 32 bits; .eq truncates the sum (wrap).
-                    m.d.sync += [a_out[pe].eq(a_in), b_out[pe].eq(b_in), acc[pe].eq(acc[pe] + a_in * b_in)]
+            m.d.sync += [a_out.eq(a_nxt), b_out.eq(b_nxt), acc.eq(acc_nxt)]
         return m

@@ -33,17 +33,14 @@ class MatrixUnit(SpadUnit):
         m = Module()
 
         m.submodules.array = array = SystolicArray(ARRAY_N)
-        # The 4 A and the 4 B operand memories (spec 5.2) as two memories of 4 int8 lanes: lane i at
-        # address k is A memory i (B memory i) at k. Each lane has its own write enable and its own
-        # combinational read port, so they are the same eight memories; a simulator sees two write
-        # ports per edge instead of eight.
-        lanes = data.ArrayLayout(signed(8), ARRAY_N)
-        m.submodules.amem = amem = Memory(shape=lanes, depth=ROW_DEPTH, init=[])
-        m.submodules.bmem = bmem = Memory(shape=lanes, depth=ROW_DEPTH, init=[])
-        a_wr = amem.write_port(granularity=1)
-        b_wr = bmem.write_port(granularity=1)
-        a_rd = [amem.read_port(domain="comb") for _ in range(ARRAY_N)]
-        b_rd = [bmem.read_port(domain="comb") for _ in range(ARRAY_N)]
+        # The 4 A and the 4 B operand memories (spec 5.2) as one memory of 8 int8 lanes: lane i at
+        # address k is A memory i at k, lane 4+i is B memory i at k. Each lane has its own write enable,
+        # and read port i serves A memory i and B memory i (both read at (t - i) mod 64), so they are
+        # the same eight memories; a simulator sees one write port per edge instead of eight.
+        m.submodules.opmem = opmem = Memory(shape=data.ArrayLayout(signed(8), 2 * ARRAY_N),
+                                            depth=ROW_DEPTH, init=[])
+        wr = opmem.write_port(granularity=1)
+        rd = [opmem.read_port(domain="comb") for _ in range(ARRAY_N)]
 
         # Operands, latched at E0.
         opr = self.operand_register()
@@ -78,18 +75,19 @@ class MatrixUnit(SpadUnit):
 
         # Operand memories: written while staging, read at (t - i) mod 64 while running.
         staged = self.sp_rd[:8].as_signed()
+        for i in range(2 * ARRAY_N):
+            stage.d.comb += wr.data[i].eq(staged)
+        stage.d.comb += wr.addr.eq(k_d)
         for i in range(ARRAY_N):
-            stage.d.comb += [a_wr.data[i].eq(staged), b_wr.data[i].eq(staged)]
-            feed.d.comb += [a_rd[i].addr.eq(t - i), b_rd[i].addr.eq(t - i)]
-        stage.d.comb += [a_wr.addr.eq(k_d), b_wr.addr.eq(k_d)]
+            feed.d.comb += rd[i].addr.eq(t - i)
 
         # Skewed feed: row i gets A[i][t-i] and column i gets B[t-i][i] while they exist, else 0.
         running = Signal()
         for i in range(ARRAY_N):
             in_k = (t < K) if i == 0 else (t >= i) & (t - i < K)
             feed.d.comb += [
-                array.a_edge[i].eq(Mux(running & (i < M) & in_k, a_rd[i].data[i], 0)),
-                array.b_edge[i].eq(Mux(running & (i < N) & in_k, b_rd[i].data[i], 0)),
+                array.a_edge[i].eq(Mux(running & (i < M) & in_k, rd[i].data[i], 0)),
+                array.b_edge[i].eq(Mux(running & (i < N) & in_k, rd[i].data[ARRAY_N + i], 0)),
             ]
 
         result.d.comb += [
@@ -169,10 +167,10 @@ class MatrixUnit(SpadUnit):
                 m.next = "IDLE"
 
         # Row m of A goes to A memory m, element (k, n) of B to B memory n, both at address k.
-        stage.d.comb += [
-            a_wr.en.eq(Cat(fsm.ongoing("LA") & v & (m_d == i) for i in range(ARRAY_N))),
-            b_wr.en.eq(Cat(fsm.ongoing("LB") & v & (n_d == i) for i in range(ARRAY_N))),
-        ]
+        stage.d.comb += wr.en.eq(Cat(
+            Cat(fsm.ongoing("LA") & v & (m_d == i) for i in range(ARRAY_N)),
+            Cat(fsm.ongoing("LB") & v & (n_d == i) for i in range(ARRAY_N)),
+        ))
         feed.d.comb += running.eq(fsm.ongoing("RUN"))
         result.d.comb += self.we.eq(fsm.ongoing("OUT"))
 
