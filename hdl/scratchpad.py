@@ -72,11 +72,14 @@ class Scratchpad(wiring.Component):
         wr = self.memory.write_port()
         # transparent_for=() : the read port does not forward the same-edge write (read-before-write).
         rd = self.memory.read_port(transparent_for=())
-        m.d.comb += [
+        # The two directions in separate submodules: a simulator then re-evaluates the input side when
+        # the addresses move and the output side when the read data does, each alone.
+        m.submodules.ports_in = ports_in = Module()
+        ports_in.d.comb += [
             wr.en.eq(self.we),
             wr.addr.eq(self.waddr),
             wr.data.eq(self.wdata),
             rd.addr.eq(self.raddr),
-            self.rdata.eq(rd.data),
         ]
+        m.d.comb += self.rdata.eq(rd.data)
         return m
