@@ -72,6 +72,23 @@ class Unit(wiring.Component):
         """The last working edge: drop busy and pulse done (cleared by `done_pulse` one edge later)."""
         m.d.sync += [self.busy.eq(0), self.done.eq(1)]
 
+    def stream(self, m, i, j, v, n, last, each=None):
+        """The read skeleton: element i's address goes out now, its word is in ``sp_rd`` next cycle.
+
+        `v` is set in the cycle in which ``sp_rd`` holds element `j`; then `each` (if any) runs and j
+        steps. `last` runs in the cycle of element n-1, under that condition. ``n - 1`` is signed in
+        Amaranth: with n = 0 it is -1 and never matches, as in the RTL.
+        """
+        m.d.sync += v.eq(i < n)
+        with m.If(i < n):
+            m.d.sync += i.eq(i + 1)
+        with m.If(v):
+            if each is not None:
+                each()
+            m.d.sync += j.eq(j + 1)
+            with m.If(j == n - 1):
+                last()
+
     def done_pulse(self, m):
         """`done` is low after every edge that does not `finish`."""
         m.d.sync += self.done.eq(0)

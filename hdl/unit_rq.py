@@ -46,12 +46,8 @@ class RequantUnit(SpadUnit):
             self.begin(m, opr)
             m.d.sync += [i.eq(0), j.eq(0), v.eq(0)]
         with m.Elif(self.busy):
-            m.d.sync += v.eq(i < n)
-            with m.If(i < n):
-                m.d.sync += i.eq(i + 1)
-            with m.If(v):
-                m.d.sync += j.eq(j + 1)
-                with m.If(j == n - 1):
-                    self.finish(m)
-                    m.d.sync += v.eq(0)
+            def last():
+                self.finish(m)
+                m.d.sync += v.eq(0)
+            self.stream(m, i, j, v, n, last)
         return m

@@ -61,16 +61,11 @@ class SoftmaxUnit(SpadUnit):
         m.d.sync += d_start.eq(0)
 
         def stream(action, last):
-            # The read skeleton shared by the passes: address i now, its data (index j) next cycle.
-            m.d.sync += v.eq(i < length)
-            with m.If(i < length):
-                m.d.sync += i.eq(i + 1)
-            with m.If(v):
-                action()
-                m.d.sync += j.eq(j + 1)
-                with m.If(j == length - 1):
-                    m.d.sync += [v.eq(0), i.eq(0), j.eq(0)]
-                    last()
+            # Each pass streams the elements; the last one also rewinds i, j and v for the next pass.
+            def rewind():
+                m.d.sync += [v.eq(0), i.eq(0), j.eq(0)]
+                last()
+            self.stream(m, i, j, v, length, rewind, each=action)
 
         with m.FSM(name="sm_state"):
             with m.State("IDLE"):
@@ -116,6 +111,6 @@ class SoftmaxUnit(SpadUnit):
                 def finish():
                     self.finish(m)
                     m.next = "IDLE"
-                stream(lambda: None, finish)
+                stream(None, finish)
 
         return m
