@@ -89,6 +89,26 @@ class Unit(wiring.Component):
             with m.If(j == n - 1):
                 last()
 
+    def one_pass(self, m, opr, n):
+        """The whole control of a unit that streams `n` words once (ST, RQ); returns (i, j, v).
+
+        At E0 the operands are latched into `opr` and i = j = v = 0; then `stream` runs until element
+        n-1 is in ``sp_rd``, whose cycle finishes the unit: ``done`` is high in W(n+2).
+        """
+        i = Signal(12, name="i")
+        j = Signal(12, name="j")
+        v = Signal(name="v")
+        self.done_pulse(m)
+        with m.If(self.start & ~self.busy):
+            self.begin(m, opr)
+            m.d.sync += [i.eq(0), j.eq(0), v.eq(0)]
+        with m.Elif(self.busy):
+            def last():
+                self.finish(m)
+                m.d.sync += v.eq(0)
+            self.stream(m, i, j, v, n, last)
+        return i, j, v
+
     def done_pulse(self, m):
         """`done` is low after every edge that does not `finish`."""
         m.d.sync += self.done.eq(0)

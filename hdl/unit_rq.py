@@ -4,7 +4,7 @@ The ST skeleton with the scratchpad as destination: element k is read in W(k+1),
 combinational requantizer and is written at the end of W(k+2); `done` is high in W(len+2).
 """
 
-from amaranth.hdl import Module, Signal
+from amaranth.hdl import Module
 
 from .isa import Op
 from .requant import Requantizer
@@ -27,9 +27,7 @@ class RequantUnit(SpadUnit):
         m.submodules.requant = rq = Requantizer()
         opr = self.operand_register()
         src, dst, n, mant, shift, relu = opr.src, opr.dst, opr.len, opr.m, opr.s, opr.relu
-        i = Signal(12)
-        j = Signal(12)
-        v = Signal()
+        i, j, v = self.one_pass(m, opr, n)
 
         m.d.comb += [
             rq.acc.eq(self.sp_rd),
@@ -41,13 +39,4 @@ class RequantUnit(SpadUnit):
             self.wa.eq(dst + j),
             self.wd.eq(rq.q),        # q is signed(8): the assignment sign-extends it
         ]
-        self.done_pulse(m)
-        with m.If(self.start & ~self.busy):
-            self.begin(m, opr)
-            m.d.sync += [i.eq(0), j.eq(0), v.eq(0)]
-        with m.Elif(self.busy):
-            def last():
-                self.finish(m)
-                m.d.sync += v.eq(0)
-            self.stream(m, i, j, v, n, last)
         return m

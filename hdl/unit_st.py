@@ -4,7 +4,7 @@ Element k is read in W(k+1) and written to external memory at the end of W(k+2),
 scratchpad's read register; `done` is high in W(len+2).
 """
 
-from amaranth.hdl import Module, Signal
+from amaranth.hdl import Module
 from amaranth.lib.wiring import Out
 
 from .isa import Op
@@ -35,9 +35,7 @@ class StoreUnit(Unit):
         m = Module()
         opr = self.operand_register()
         src, dst, n = opr.src, opr.dst, opr.len
-        i = Signal(12)
-        j = Signal(12)
-        v = Signal()
+        i, j, v = self.one_pass(m, opr, n)
 
         m.d.comb += [
             self.ra.eq(src + i),
@@ -45,13 +43,4 @@ class StoreUnit(Unit):
             self.wr_addr.eq(dst + j),
             self.wr_data.eq(self.sp_rd),
         ]
-        self.done_pulse(m)
-        with m.If(self.start & ~self.busy):
-            self.begin(m, opr)
-            m.d.sync += [i.eq(0), j.eq(0), v.eq(0)]
-        with m.Elif(self.busy):
-            def last():
-                self.finish(m)
-                m.d.sync += v.eq(0)
-            self.stream(m, i, j, v, n, last)
         return m
