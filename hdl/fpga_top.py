@@ -8,7 +8,7 @@ memory's own read port (LAT cycles) and shows it on the LEDs, with a 'halted' LE
 from amaranth.hdl import Cat, Module, Mux, Signal
 from amaranth.lib import io, wiring
 from amaranth.lib.memory import Memory
-from amaranth.lib.wiring import In, Out
+from amaranth.lib.wiring import Out
 
 from .chip import GA2
 from .extmem import ExtMemory

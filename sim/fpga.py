@@ -151,7 +151,7 @@ def build(board: str, build_dir: Path, seed: int = 1, start: int = 0, verbose=pr
     verbose(f"building {DESIGN_NAME} for {board} in {build_dir} (Yosys, nextpnr-ecp5, ecppack from YoWASP)")
     t0 = time.perf_counter()
     try:
-        products = plan.execute_local(str(build_dir), env=env)
+        plan.execute_local(str(build_dir), env=env)
     except subprocess.CalledProcessError:
         raise UsageError(f"the FPGA build failed; see {build_dir}/{DESIGN_NAME}.rpt (Yosys) and "
                          f"{build_dir}/{DESIGN_NAME}.tim (nextpnr)") from None
@@ -164,7 +164,6 @@ def build(board: str, build_dir: Path, seed: int = 1, start: int = 0, verbose=pr
                "nextpnr_seed": seed, **summarize_report(report)}
     tim = build_dir / f"{DESIGN_NAME}.tim"
     summary["critical_path_sources"] = critical_sources(tim.read_text()) if tim.exists() else []
-    del products
     return summary
 
 
