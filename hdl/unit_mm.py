@@ -67,16 +67,18 @@ class MatrixUnit(SpadUnit):
         m.d.comb += self.ra.eq(ptr)
         self.done_pulse(m)
 
-        # The combinational logic in three submodules, so that a simulator re-evaluates each only when
-        # its own inputs move: staging writes (LA, LB), the skewed feed (RUN), the result port (OUT).
+        # The combinational logic in submodules, so that a simulator re-evaluates each only when its own
+        # inputs move: staging writes (LA, LB; the data, which follows sp_rd, apart from the address and
+        # enables, which follow the counters), the skewed feed (RUN), the result port (OUT).
         m.submodules.stage = stage = Module()
+        m.submodules.stage_data = stage_data = Module()
         m.submodules.feed = feed = Module()
         m.submodules.result = result = Module()
 
         # Operand memories: written while staging, read at (t - i) mod 64 while running.
         staged = self.sp_rd[:8].as_signed()
         for i in range(2 * ARRAY_N):
-            stage.d.comb += wr.data[i].eq(staged)
+            stage_data.d.comb += wr.data[i].eq(staged)
         stage.d.comb += wr.addr.eq(k_d)
         for i in range(ARRAY_N):
             feed.d.comb += rd[i].addr.eq(t - i)
