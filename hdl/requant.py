@@ -21,7 +21,7 @@ class Requantizer(wiring.Component):
     m : In(24)
         Unsigned mantissa of the multiplier (the compiler keeps it in [2^23, 2^24)).
     s : In(6)
-        Right shift; the multiplier is m / 2^s. Shifts of 57 and more leave no rounding half.
+        Right shift; the multiplier is m / 2^s. Any shift 0..63 is exact (large shifts give 0).
     relu : In(1)
         When 1, negative results become 0.
     q : Out(signed(8))
@@ -36,23 +36,28 @@ class Requantizer(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        neg = self.acc[31]
-        # |acc| as 32 unsigned bits: -2^31 negates to itself, which read unsigned is 2^31.
-        mag = Signal(32)
-        m.d.comb += mag.eq(Mux(neg, -self.acc, self.acc))
-        prod = Signal(56)
-        m.d.comb += prod.eq(mag * self.m)
-        # half = 1 << (s-1) kept to 56 bits: (1 << s) >> 1 is 0 for s = 0 and the [0:56] slice drops
-        # it for s >= 57, exactly as the RTL's 56-bit constant shift does.
+        # Work on the signed product so that no negation sits before or after the multiplier (the
+        # chip's longest path runs from the scratchpad through here): |p| < 2^55 fits in 57 signed bits.
+        p = Signal(signed(57))
+        m.d.comb += p.eq(self.acc * self.m)
         one_s = Signal(64)
         m.d.comb += one_s.eq(1 << self.s)
-        half = Signal(56)
-        m.d.comb += half.eq(one_s[1:57])
-        shifted = Signal(57)
-        m.d.comb += shifted.eq((prod + half) >> self.s)
-        mag_q = Signal(7)
-        m.d.comb += mag_q.eq(Mux(shifted > 127, 127, shifted[:7]))
+        # Round half away from zero as a floor division by 2^s: a non-negative p gets + half, a negative
+        # one + half - 1, which is -floor((|p| + half) / 2^s). For s = 0 there is no half and nothing to
+        # round. Halves of 2^56 and more (s >= 57) are larger than any |p|, so keeping them is harmless.
+        half = Signal(63)
+        m.d.comb += half.eq(one_s[1:])
+        biased = Signal(signed(66))
+        m.d.comb += biased.eq(p + half - (self.acc[31] & (self.s != 0)))
+        shifted = Signal(signed(66))
+        m.d.comb += shifted.eq(biased >> self.s)
+        # The clamp is decided on `biased` against the scaled bounds, beside the shift rather than after it:
+        # shifted >= 128 exactly when biased >= 128 * 2^s, shifted <= -128 when biased < -127 * 2^s.
+        upper = Signal(71)
+        m.d.comb += upper.eq(one_s << 7)
+        lower = Signal(signed(72))
+        m.d.comb += lower.eq(-(one_s * 127))
         q = Signal(signed(8))
-        m.d.comb += q.eq(Mux(neg, -mag_q, mag_q))
+        m.d.comb += q.eq(Mux(biased >= upper, 127, Mux(biased < lower, -127, shifted[:8])))
         m.d.comb += self.q.eq(Mux(self.relu & q[7], 0, q))
         return m
