@@ -12,17 +12,14 @@ from amaranth.sim import Simulator
 
 from hdl.chip import SeqState
 from hdl.harness import ChipHarness
-from hdl.isa import ROM_WORDS, Instr, Op, encode
-from sim.backend import MAX_CYCLES, Backend, DidNotHalt, RunResult, SimError
+from hdl.isa import Op
+from sim.backend import (MAX_CYCLES, Backend, BadInput, DidNotHalt, RunResult, check_lat, check_max_cycles,
+                         image_words, program_words)
 
 __all__ = ["AmaranthBackend", "BadInput"]
 
 _W = 0xFFFFFFFF
 _PERIOD = 1e-6
-
-
-class BadInput(SimError):
-    """A program, image or option the backend cannot take (the message names the value)."""
 
 
 class _Rig:
@@ -97,29 +94,6 @@ class _Job:
         self.ext = None
 
 
-def _program_words(program):
-    words = []
-    for i, w in enumerate(program):
-        if isinstance(w, Instr):
-            w = encode(w)
-        if isinstance(w, bool) or not isinstance(w, int) or not 0 <= w < (1 << 128):
-            raise BadInput(f"program word {i} = {w!r} is not a 128-bit unsigned integer or Instr")
-        words.append(w)
-    if len(words) > ROM_WORDS:
-        raise BadInput(f"the program has {len(words)} instructions; the program ROM holds {ROM_WORDS}")
-    return words
-
-
-def _image_words(image):
-    ext = list(image)
-    if not 1 <= len(ext) <= 1 << 16:
-        raise BadInput(f"the external memory image has {len(ext)} words (1..65536 allowed)")
-    for i, w in enumerate(ext):
-        if isinstance(w, bool) or not isinstance(w, int) or not -(1 << 31) <= w < (1 << 32):
-            raise BadInput(f"external word {i} = {w!r} is not a 32-bit value")
-    return [w & _W for w in ext]
-
-
 class AmaranthBackend(Backend):
     """Run programs on the chip's RTL in Amaranth's Python simulator.
 
@@ -133,9 +107,7 @@ class AmaranthBackend(Backend):
     name = "amaranth"
 
     def __init__(self, max_cycles: int = MAX_CYCLES, vcd=None):
-        if isinstance(max_cycles, bool) or not isinstance(max_cycles, int) or max_cycles < 1:
-            raise BadInput(f"max_cycles = {max_cycles!r} must be a positive integer")
-        self.max_cycles = max_cycles
+        self.max_cycles = check_max_cycles(max_cycles)
         self.vcd = vcd
         self._rigs: dict[tuple[int, int], _Rig] = {}
 
@@ -147,10 +119,9 @@ class AmaranthBackend(Backend):
 
     def run(self, program, image, lat: int = 8) -> RunResult:
         """Run `program` (128-bit words or Instr, HALT last) on `image` (EXT words) with latency `lat`."""
-        if isinstance(lat, bool) or not isinstance(lat, int) or not 1 <= lat <= 1024:
-            raise BadInput(f"lat = {lat!r} must be a whole number in 1..1024")
-        rom = _program_words(program)
-        ext = _image_words(image)
+        check_lat(lat)
+        rom = program_words(program)
+        ext = image_words(image)
         job = _Job(rom, ext, self.max_cycles)
         self._rig(len(ext), lat).run(job, self.vcd)
         total = job.counters[0]
@@ -159,27 +130,6 @@ class AmaranthBackend(Backend):
             raise DidNotHalt(f"did not halt within {self.max_cycles} cycles "
                              f"({_where(pc, cur, state, rom)})")
         return RunResult(ext=job.ext, counters=job.counters)
-
-    def run_many(self, jobs, lat: int = 8, return_errors: bool = False) -> list:
-        """Run ``(program, image[, lat])`` jobs in turn on the same simulators (``lat`` is the default).
-
-        A job that does not halt raises `DidNotHalt` naming its index, or, with `return_errors`, leaves
-        the exception in its place in the returned list.
-        """
-        out = []
-        for n, job in enumerate(jobs):
-            job = tuple(job)
-            if len(job) not in (2, 3):
-                raise BadInput(f"job {n}: expected (program, image[, lat]), got {len(job)} items")
-            try:
-                out.append(self.run(job[0], job[1], job[2] if len(job) == 3 else lat))
-            except DidNotHalt as e:
-                if not return_errors:
-                    raise DidNotHalt(f"job {n}: {e}") from None
-                out.append(e)
-            except SimError as e:
-                raise type(e)(f"job {n}: {e}") from None
-        return out
 
 
 def _where(pc, cur, state, rom):

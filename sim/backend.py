@@ -7,12 +7,16 @@ simulation and Verilator must return identical results for every program.
 """
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass, field
 
-__all__ = ["RunResult", "TraceEntry", "SimError", "DidNotHalt", "BackendUnavailable",
-           "Backend", "BACKENDS", "get_backend", "MAX_CYCLES", "first_difference"]
+__all__ = ["RunResult", "TraceEntry", "SimError", "DidNotHalt", "BackendUnavailable", "BadInput",
+           "Backend", "BACKENDS", "get_backend", "MAX_CYCLES", "MAX_LAT", "first_difference",
+           "program_words", "image_words", "check_lat", "check_max_cycles"]
 
 MAX_CYCLES = 100_000        # the book's testbench gives up after this many cycles
+MAX_LAT = 1024              # longest external read latency a backend accepts
+_W = 0xFFFFFFFF
 
 
 @dataclass
@@ -51,12 +55,87 @@ class BackendUnavailable(SimError):
     pass
 
 
+class BadInput(SimError):
+    """A program, image, latency or limit that no backend can take (the message names the value)."""
+
+
+# ---- the checks every backend applies to its inputs ----------------------------------------------
+
+def program_words(program) -> list[int]:
+    """The program as 128-bit unsigned words (`hdl.isa.Instr` accepted); at most the ROM's 256."""
+    from hdl.isa import ROM_WORDS, Instr, encode
+    words = []
+    for i, w in enumerate(program):
+        if isinstance(w, Instr):
+            w = encode(w)
+        if isinstance(w, bool) or not isinstance(w, int) or not 0 <= w < (1 << 128):
+            raise BadInput(f"program word {i} = {w!r} is not a 128-bit unsigned integer or Instr")
+        words.append(w)
+    if len(words) > ROM_WORDS:
+        raise BadInput(f"the program has {len(words)} instructions; the program ROM holds {ROM_WORDS}")
+    return words
+
+
+def image_words(image) -> list[int]:
+    """The external-memory image as unsigned 32-bit words; signed values are stored as the chip stores
+    them. EXT = len(image) must be 1..65536 (the chip's external addresses are 16 bits)."""
+    ext = list(image)
+    if not 1 <= len(ext) <= 1 << 16:
+        raise BadInput(f"the external memory image has {len(ext)} words (1..65536 allowed)")
+    if set(map(type, ext)) == {int} and min(ext) >= 0 and max(ext) <= _W:
+        return ext                      # the usual case, checked at C speed
+    out = []
+    for i, w in enumerate(ext):
+        try:
+            v = operator.index(w)
+        except TypeError:
+            v = None
+        if v is None or isinstance(w, bool) or not -(1 << 31) <= v < (1 << 32):
+            raise BadInput(f"external word {i} = {w!r} is not a 32-bit value")
+        out.append(v & _W)
+    return out
+
+
+def check_lat(lat) -> int:
+    if isinstance(lat, bool) or not isinstance(lat, int) or not 1 <= lat <= MAX_LAT:
+        raise BadInput(f"lat = {lat!r} must be a whole number in 1..{MAX_LAT}")
+    return lat
+
+
+def check_max_cycles(max_cycles) -> int:
+    if isinstance(max_cycles, bool) or not isinstance(max_cycles, int) or not 1 <= max_cycles < (1 << 32):
+        raise BadInput(f"max_cycles = {max_cycles!r} must be a whole number in 1..2^32-1")
+    return max_cycles
+
+
 class Backend:
-    """Base class: subclasses set `name` and implement `run`."""
+    """Base class: subclasses set `name` and implement `run`; `run_many` runs a batch through `run`
+    (a backend that can do better, like Verilator in one process, overrides it)."""
     name = "?"
 
     def run(self, program, image, lat: int = 8) -> RunResult:   # pragma: no cover - interface
         raise NotImplementedError
+
+    def run_many(self, jobs, lat: int = 8, return_errors: bool = False) -> list:
+        """Run ``(program, image[, lat])`` jobs in turn (``lat`` is the default).
+
+        A job that does not halt raises `DidNotHalt` naming its index, or, with `return_errors`, leaves
+        the exception in its place in the returned list.
+        """
+        out = []
+        for n, job in enumerate(jobs):
+            job = tuple(job)
+            if len(job) not in (2, 3):
+                raise BadInput(f"job {n}: expected (program, image[, lat]), got {len(job)} items")
+            try:
+                out.append(self.run(job[0], job[1], job[2] if len(job) == 3 else lat))
+            except DidNotHalt as e:
+                if not return_errors:
+                    raise DidNotHalt(f"job {n}: {e}") from None
+                out.append(e)
+            except SimError as e:
+                raise type(e)(f"job {n}: {e}") from None
+        return out
 
 
 COUNTER_NAMES = ("cyc_total", "cyc_mm", "cyc_dma", "cyc_vec", "n_inst")

@@ -14,13 +14,12 @@ never fetched by the chip either).
 """
 from __future__ import annotations
 
-import operator
-
 from hdl.arith import (EXP_TABLE, SOFTMAX_NUM, argmax_first, divu, requant, s8, softmax_q16,
                        unpack_word, vadd_sat)
-from hdl.isa import ROM_WORDS, SPAD_WORDS, Instr, IsaError, Op, busy_cycles, encode, operands, validate
+from hdl.isa import ROM_WORDS, SPAD_WORDS, IsaError, Op, busy_cycles, operands, validate
 
-from sim.backend import MAX_CYCLES, Backend, DidNotHalt, RunResult, SimError, TraceEntry
+from sim.backend import (MAX_CYCLES, Backend, BadInput, DidNotHalt, RunResult, SimError, TraceEntry,
+                         check_lat, check_max_cycles, image_words, program_words)
 
 __all__ = ["ReferenceMachine", "IllegalInstruction", "BadInput"]
 
@@ -36,10 +35,6 @@ _CLASS = {Op.LD: 2, Op.ST: 2, Op.MM: 1}
 
 class IllegalInstruction(SimError):
     """An executed instruction has a field the chip cannot run as intended (message names pc and field)."""
-
-
-class BadInput(SimError):
-    """The program, image or latency given to `run` is not something the chip can be loaded with."""
 
 
 class ReferenceMachine(Backend):
@@ -68,53 +63,19 @@ class ReferenceMachine(Backend):
     name = "reference"
 
     def __init__(self, max_cycles: int = MAX_CYCLES, trace: bool = False, check: bool = True):
-        if not isinstance(max_cycles, int) or max_cycles < 1:
-            raise BadInput(f"max_cycles = {max_cycles!r} must be a positive integer")
-        self.max_cycles = max_cycles
+        self.max_cycles = check_max_cycles(max_cycles)
         self.trace = trace
         self.check = check
         self.spad: list[int] = [0] * SPAD_WORDS
-
-    # ---- inputs ------------------------------------------------------------------------------
-
-    @staticmethod
-    def _program_words(program) -> list[int]:
-        words = []
-        for i, w in enumerate(program):
-            if isinstance(w, Instr):
-                w = encode(w)
-            if isinstance(w, bool) or not isinstance(w, int) or not 0 <= w < (1 << 128):
-                raise BadInput(f"program word {i} = {w!r} is not a 128-bit unsigned integer or Instr")
-            words.append(w)
-        if len(words) > ROM_WORDS:
-            raise BadInput(f"the program has {len(words)} instructions; the program ROM holds {ROM_WORDS}")
-        return words
-
-    @staticmethod
-    def _image_words(image) -> list[int]:
-        ext = list(image)
-        if ext and set(map(type, ext)) == {int} and min(ext) >= 0 and max(ext) <= _W:
-            return ext                  # the usual case, checked at C speed
-        out = []
-        for i, w in enumerate(ext):
-            try:
-                v = operator.index(w)
-            except TypeError:
-                v = None
-            if v is None or isinstance(w, bool) or not -(1 << 31) <= v < (1 << 32):
-                raise BadInput(f"external word {i} = {w!r} is not a 32-bit value")
-            out.append(v & _W)          # signed words are stored as the chip stores them
-        return out
 
     # ---- the run -----------------------------------------------------------------------------
 
     def run(self, program, image, lat: int = 8) -> RunResult:
         """Run `program` on a copy of `image` with external read latency `lat`; see the class doc."""
-        if isinstance(lat, bool) or not isinstance(lat, int) or lat < 1:
-            raise BadInput(f"lat = {lat!r} must be an integer >= 1")
-        rom = self._program_words(program)
+        check_lat(lat)
+        rom = program_words(program)
         rom += [0] * (ROM_WORDS - len(rom))
-        ext = self._image_words(image)
+        ext = image_words(image)
         n_ext = len(ext)
         spad = [0] * SPAD_WORDS
         self.spad = spad
@@ -157,27 +118,6 @@ class ReferenceMachine(Backend):
             _EXEC[op](o, spad, ext, n_ext)
             pc = (pc + 1) & 0xFFFF
         return RunResult(ext=ext, counters=[c & _W for c in counters], trace=trace)
-
-    def run_many(self, jobs, lat: int = 8, return_errors: bool = False) -> list:
-        """Run ``(program, image[, lat])`` jobs in turn (the batch interface the RTL backends offer).
-
-        A job that does not halt raises `DidNotHalt` naming its index, or with `return_errors` leaves the
-        exception in its place in the returned list.
-        """
-        out = []
-        for n, job in enumerate(jobs):
-            job = tuple(job)
-            if len(job) not in (2, 3):
-                raise BadInput(f"job {n}: expected (program, image[, lat]), got {len(job)} items")
-            try:
-                out.append(self.run(job[0], job[1], job[2] if len(job) == 3 else lat))
-            except DidNotHalt as e:
-                if not return_errors:
-                    raise DidNotHalt(f"job {n}: {e}") from None
-                out.append(e)
-            except SimError as e:
-                raise type(e)(f"job {n}: {e}") from None
-        return out
 
     @staticmethod
     def _hang_check(o, pc, limit):

@@ -19,8 +19,8 @@ import time
 from array import array
 from pathlib import Path
 
-from hdl.isa import Instr, encode
-from sim.backend import Backend, BackendUnavailable, DidNotHalt, MAX_CYCLES, RunResult, SimError
+from sim.backend import (MAX_CYCLES, Backend, BackendUnavailable, BadInput, DidNotHalt, RunResult, SimError,
+                         check_lat, check_max_cycles, image_words, program_words)
 
 __all__ = ["VerilatorBackend", "default_build_root"]
 
@@ -31,7 +31,6 @@ EXE = "ga2sim"
 MAGIC_JOBS = 0x4A324147
 MAGIC_RESULTS = 0x52324147
 RESULT_HEAD = 9                 # halted, edges, five counters, run ns (two words)
-ROM_WORDS = 256
 
 # Verilator options. The emitted Verilog has no X values and gives every register and memory word an
 # initial value (zero unless stated), so the X options cannot change a result: "fast" lets Verilator
@@ -138,28 +137,6 @@ def _chip_harness(ext: int, lat: int):
     return ChipHarness(ext_words=ext, lat=lat)
 
 
-def _as_word(ins, index: int) -> int:
-    if isinstance(ins, Instr):
-        ins = encode(ins)
-    if isinstance(ins, bool) or not isinstance(ins, int) or not 0 <= ins < (1 << 128):
-        raise SimError(f"program word {index} = {ins!r} is not a 128-bit unsigned integer or Instr")
-    return ins
-
-
-def _as_image(image) -> array:
-    """The image as unsigned words; signed 32-bit values are accepted and stored as the chip stores them."""
-    words = list(image)
-    if all(type(w) is int for w in words):         # the common case: the C conversion checks the range
-        try:
-            return array("I", words)
-        except OverflowError:
-            pass
-    for i, w in enumerate(words):
-        if isinstance(w, bool) or not isinstance(w, int) or not -(1 << 31) <= w < (1 << 32):
-            raise SimError(f"external word {i} = {w!r} is not a 32-bit value")
-    return array("I", [w & 0xFFFFFFFF for w in words])
-
-
 class VerilatorBackend(Backend):
     """Runs programs on the Verilator-compiled chip harness.
 
@@ -188,9 +165,7 @@ class VerilatorBackend(Backend):
     name = "verilator"
 
     def __init__(self, max_cycles: int = MAX_CYCLES, build_dir=None, design=None, verbose: bool | None = None):
-        if isinstance(max_cycles, bool) or not isinstance(max_cycles, int) or not 1 <= max_cycles < (1 << 32):
-            raise SimError(f"max_cycles must be a whole number in 1..2^32-1, got {max_cycles!r}")
-        self.max_cycles = max_cycles
+        self.max_cycles = check_max_cycles(max_cycles)
         self.build_root = Path(build_dir) if build_dir is not None else default_build_root()
         self.design = design or _chip_harness
         self.verbose = sys.stderr.isatty() if verbose is None else verbose
@@ -301,22 +276,16 @@ class VerilatorBackend(Backend):
         prepared = []
         for n, job in enumerate(jobs):
             if len(job) not in (2, 3):
-                raise SimError(f"job {n}: expected (program, image[, lat]), got {len(job)} items")
+                raise BadInput(f"job {n}: expected (program, image[, lat]), got {len(job)} items")
             program, image = job[0], job[1]
             job_lat = job[2] if len(job) == 3 else lat
             where = f"job {n}: " if len(jobs) > 1 else ""
-            if isinstance(job_lat, bool) or not isinstance(job_lat, int) or not 1 <= job_lat <= 1024:
-                raise SimError(f"{where}lat = {job_lat!r} must be a whole number in 1..1024")
             try:
-                words = [_as_word(w, i) for i, w in enumerate(program)]
-                img = _as_image(image)
-            except SimError as e:
-                raise SimError(where + str(e)) from None
-            if len(words) > ROM_WORDS:
-                raise SimError(f"{where}the program has {len(words)} instructions; the program ROM holds "
-                               f"{ROM_WORDS}")
-            if not 1 <= len(img) <= (1 << 16):
-                raise SimError(f"{where}an external memory of {len(img)} words: the chip addresses 1..65536")
+                check_lat(job_lat)
+                words = program_words(program)
+                img = array("I", image_words(image))
+            except BadInput as e:
+                raise BadInput(where + str(e)) from None
             prepared.append((words, img))
             groups.setdefault((len(img), job_lat), []).append(n)
 
