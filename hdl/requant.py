@@ -56,7 +56,7 @@ class Requantizer(wiring.Component):
         upper = Signal(71)
         m.d.comb += upper.eq(one_s << 7)
         lower = Signal(signed(72))
-        m.d.comb += lower.eq(-(one_s * 127))
+        m.d.comb += lower.eq(one_s - upper)             # a subtraction, not a multiply (no DSP)
         q = Signal(signed(8))
         m.d.comb += q.eq(Mux(biased >= upper, 127, Mux(biased < lower, -127, shifted[:8])))
         m.d.comb += self.q.eq(Mux(self.relu & q[7], 0, q))
