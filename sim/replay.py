@@ -59,9 +59,24 @@ def replay(records, backend, lat: int = 8, progress=None) -> tuple[str | None, i
             expected = RunResult(ext=list(rec.expected_ext), counters=list(rec.expected_counters))
             diff = first_difference(expected, got)
             if diff is not None:
-                return f"program {i}: {diff}", total
+                return f"program {i}: {diff}{_where_it_starts(rec, backend, lat)}", total
             total += got.counters[0]
     return None, total
+
+
+def _where_it_starts(rec, backend, lat) -> str:
+    """For a simulator that disagrees with the file: the first instruction after which it also disagrees
+    with the reference machine (found by running the program's prefixes on both)."""
+    from hdl.isa import describe
+    from sim.fuzz import locate
+    from sim.reference import ReferenceMachine
+    if getattr(backend, "name", None) == "reference":
+        return " (the reference machine itself differs from the file's expected values)"
+    try:
+        pc = locate(list(rec.program), list(rec.image), lat, backend, ReferenceMachine())
+    except SimError:
+        return ""
+    return "" if pc is None else f" (first differing instruction: pc {pc}, {describe(rec.program[pc])})"
 
 
 class _Parser(argparse.ArgumentParser):

@@ -118,7 +118,28 @@ def test_replay_fail_on_counter(tmp_path, suite, capsys):
     write_records(path, recs)
     assert replay_main([str(path)]) == 1
     want = recs[5].expected_counters[3]
-    assert capsys.readouterr().out == f"FAIL: program 5: counter cyc_vec: expected {want}, got {want - 1}\n"
+    assert capsys.readouterr().out == (f"FAIL: program 5: counter cyc_vec: expected {want}, got {want - 1}"
+                                       " (the reference machine itself differs from the file's expected values)\n")
+
+
+def test_replay_names_the_first_differing_instruction(suite):
+    """A simulator that goes wrong from instruction 3 on: the failure names pc 3 and what it is."""
+    from hdl.isa import describe
+    from sim.reference import ReferenceMachine
+    from sim.replay import replay
+
+    class WrongFromPc3(ReferenceMachine):
+        name = "faulty"
+
+        def run(self, program, image, lat=8):
+            res = super().run(program, image, lat)
+            if len(program) > 4:            # the prefix holds instruction 3 (and a HALT after it)
+                res.counters[4] += 1
+            return res
+
+    failure, _ = replay(suite[:1], WrongFromPc3(), lat=8)
+    assert failure.startswith("program 0: counter n_inst")
+    assert failure.endswith(f"(first differing instruction: pc 3, {describe(suite[0].program[3])})")
 
 
 def read_back(tmp_path, suite):
