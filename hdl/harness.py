@@ -12,7 +12,26 @@ from amaranth.lib.wiring import In, Out
 from .chip import GA2
 from .extmem import ExtMemory
 
-__all__ = ["ChipHarness"]
+__all__ = ["ChipHarness", "HARNESS_SIGNATURE"]
+
+# The ports every simulator drives (documented in ChipHarness). Shared so that a stand-in with the same
+# ports (the Verilator tests' toy machine) cannot drift from the real harness.
+HARNESS_SIGNATURE = wiring.Signature({
+    "start":     In(1),
+    "halted":    Out(1),
+    "cyc_total": Out(32),
+    "cyc_mm":    Out(32),
+    "cyc_dma":   Out(32),
+    "cyc_vec":   Out(32),
+    "n_inst":    Out(32),
+    "rom_we":    In(1),
+    "rom_addr":  In(8),
+    "rom_wdata": In(128),
+    "ext_we":    In(1),
+    "ext_addr":  In(16),
+    "ext_wdata": In(32),
+    "ext_rdata": Out(32),
+})
 
 
 class ChipHarness(wiring.Component):
@@ -56,21 +75,6 @@ class ChipHarness(wiring.Component):
     extmem : ExtMemory
     """
 
-    start:     In(1)
-    halted:    Out(1)
-    cyc_total: Out(32)
-    cyc_mm:    Out(32)
-    cyc_dma:   Out(32)
-    cyc_vec:   Out(32)
-    n_inst:    Out(32)
-    rom_we:    In(1)
-    rom_addr:  In(8)
-    rom_wdata: In(128)
-    ext_we:    In(1)
-    ext_addr:  In(16)
-    ext_wdata: In(32)
-    ext_rdata: Out(32)
-
     def __init__(self, ext_words=8192, lat=8, rom_words=256, backdoor=True):
         if not isinstance(rom_words, int) or rom_words < 1 or rom_words & (rom_words - 1):
             raise ValueError(f"rom_words must be a power of two, not {rom_words!r}")
@@ -82,7 +86,7 @@ class ChipHarness(wiring.Component):
         self.ext = self.extmem.memory
         self.rom = Memory(shape=128, depth=rom_words, init=[])
         self._rom_bits = max(1, (rom_words - 1).bit_length())
-        super().__init__()
+        super().__init__(HARNESS_SIGNATURE)
 
     def elaborate(self, platform):
         m = Module()

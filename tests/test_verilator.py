@@ -7,13 +7,12 @@ chip and compares it with sim.reference on the book's figures and on random prog
 
 import os
 import random
-import shutil
 
 import pytest
 from amaranth.hdl import Module, Signal
 from amaranth.lib import wiring
 from amaranth.lib.memory import Memory
-from amaranth.lib.wiring import In, Out
+from hdl.harness import HARNESS_SIGNATURE
 
 from sim.backend import BackendUnavailable, DidNotHalt, RunResult, SimError
 
@@ -36,24 +35,9 @@ class StandIn(wiring.Component):
     any other op does ext[dst] <- ext[src] + op. Counters: total edges, edges spent on op 3 words (mm),
     constant LAT (dma), sum of executed ops (vec), executed non-halt words (n_inst).
     """
-    start: In(1)
-    halted: Out(1)
-    cyc_total: Out(32)
-    cyc_mm: Out(32)
-    cyc_dma: Out(32)
-    cyc_vec: Out(32)
-    n_inst: Out(32)
-    rom_we: In(1)
-    rom_addr: In(8)
-    rom_wdata: In(128)
-    ext_we: In(1)
-    ext_addr: In(16)
-    ext_wdata: In(32)
-    ext_rdata: Out(32)
-
     def __init__(self, ext_words, lat):
         self.ext_words, self.lat = ext_words, lat
-        super().__init__()
+        super().__init__(HARNESS_SIGNATURE)
 
     def elaborate(self, platform):
         m = Module()
