@@ -79,6 +79,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--lat", type=_positive("--lat"), default=8, metavar="N",
                    help="external memory read latency in cycles (default 8)")
     p.add_argument("--json", default=None, metavar="PATH", help="also write the run as JSON to PATH")
+    p.add_argument("--vcd", default=None, metavar="PATH",
+                   help="with --sim amaranth: write a waveform of the last step's run to PATH (slow, large)")
     p.add_argument("--quiet", action="store_true", help="print only the summary lines")
     return p
 
@@ -92,10 +94,13 @@ def check_args(a) -> None:
     if context > MAX_CONTEXT:
         raise UsageError(f"a context of {context} tokens exceeds the chip's limit of {MAX_CONTEXT} "
                          f"(a matmul's K is at most 64): use fewer --steps or a --window of at most {MAX_CONTEXT}")
-    if a.json:
-        parent = os.path.dirname(os.path.abspath(a.json))
-        if not os.path.isdir(parent):
-            raise UsageError(f"--json: directory {parent} does not exist")
+    for option, path in (("--json", a.json), ("--vcd", a.vcd)):
+        if path:
+            parent = os.path.dirname(os.path.abspath(path))
+            if not os.path.isdir(parent):
+                raise UsageError(f"{option}: directory {parent} does not exist")
+    if a.vcd and a.sim != "amaranth":
+        raise UsageError(f"--vcd needs --sim amaranth (the waveform comes from Amaranth's simulator), got --sim {a.sim}")
 
 
 def run_decode(a, out=sys.stdout):
@@ -105,7 +110,7 @@ def run_decode(a, out=sys.stdout):
     from sim.backend import get_backend
 
     seed = a.seed if a.seed is not None else (1 if a.model == "structured" else 2)
-    backend = get_backend(a.sim)
+    backend = get_backend(a.sim, **({"vcd": a.vcd} if a.vcd else {}))
     m = T.make_model(a.model, seed)
     t0 = time.perf_counter()
     chip = PagedChip(m, a.steps, a.window, page=a.page, n_pages=a.pages, backend=backend, lat=a.lat)

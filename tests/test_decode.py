@@ -86,6 +86,7 @@ def test_random_model_runs_and_reports_its_seed(tmp_path):
     (["--start", "16"], "16"),
     (["--steps", "65"], "64"),
     (["--steps", "40", "--pages", "2"], "page"),
+    (["--vcd", "w.vcd"], "--vcd needs --sim amaranth"),
 ])
 def test_bad_input_gets_one_line_and_no_json(tmp_path, args, words):
     path = tmp_path / "never.json"
@@ -114,3 +115,11 @@ def test_verilator_reproduces_the_cycle_table_for_every_window(reference_runs, t
         assert rtl["records"] == reference_runs[window]["records"]
         assert rtl["tokens"] == reference_runs[window]["tokens"]
         assert sum(r["counters"][0] for r in rtl["records"]) == TOTALS[window]
+
+
+def test_vcd_waveform_on_request(tmp_path):
+    vcd = tmp_path / "step.vcd"
+    run = _decode(tmp_path, "--window", "2", "--steps", "1", "--sim", "amaranth", "--vcd", str(vcd))
+    assert run["records"][0]["counters"] == [7000, 4040, 2449, 375, 67]
+    head = vcd.read_text()
+    assert "$enddefinitions" in head and "cyc_total" in head
