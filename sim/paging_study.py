@@ -16,6 +16,7 @@ import random
 import sys
 
 from host.pagetable import OutOfPages, PageTable
+from sim.cli import UsageError
 
 CAP = 8192                  # part 1: pool of cache rows
 LONGEST = 2048              # part 1: longest allowed request, what a contiguous scheme must reserve
@@ -197,7 +198,11 @@ def table_serving(r) -> list[str]:
 
 # ---- figures -------------------------------------------------------------------------------------------
 def _plt():
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:
+        raise UsageError("drawing the figures needs matplotlib (pip install matplotlib, or "
+                         "pip install -e '.[test]'); --no-figures prints the tables alone") from None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     return plt
@@ -342,8 +347,10 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     try:
         parts = parse_parts(args.parts)
+        if not args.no_figures:
+            _plt()                      # say now, not after the tables, if matplotlib is missing
         os.makedirs(args.out, exist_ok=True)
-    except StudyError as e:
+    except (StudyError, UsageError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except OSError as e:

@@ -2,6 +2,8 @@
 import json
 import math
 import re
+import subprocess
+import sys
 
 import pytest
 
@@ -108,3 +110,11 @@ def test_bad_decode_file(tmp_path, capsys):
     assert S.main(["--out", str(tmp_path), "--parts", "4", "--no-figures"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and "is not a decode JSON file" in err and err.count("\n") == 1
+
+
+def test_missing_matplotlib_is_one_line_before_any_table(tmp_path):
+    code = ("import sys; sys.modules['matplotlib'] = None; from sim.paging_study import main; "
+            f"raise SystemExit(main(['--out', {str(tmp_path)!r}, '--parts', '4']))")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2 and p.stdout == ""
+    assert p.stderr.strip().startswith("error: drawing the figures needs matplotlib")
