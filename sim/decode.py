@@ -81,6 +81,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", default=None, metavar="PATH", help="also write the run as JSON to PATH")
     p.add_argument("--vcd", default=None, metavar="PATH",
                    help="with --sim amaranth: write a waveform of the last step's run to PATH (slow, large)")
+    p.add_argument("--check", action="store_true",
+                   help="also run every step on the reference machine and stop at the first difference, "
+                        "naming the step, the instruction (pc) and the counter or word")
     p.add_argument("--quiet", action="store_true", help="print only the summary lines")
     return p
 
@@ -111,6 +114,9 @@ def run_decode(a, out=sys.stdout):
 
     seed = a.seed if a.seed is not None else (1 if a.model == "structured" else 2)
     backend = get_backend(a.sim, **({"vcd": a.vcd} if a.vcd else {}))
+    if a.check:
+        from sim.fuzz import CheckedBackend
+        backend = CheckedBackend(backend)
     m = T.make_model(a.model, seed)
     t0 = time.perf_counter()
     chip = PagedChip(m, a.steps, a.window, page=a.page, n_pages=a.pages, backend=backend, lat=a.lat)

@@ -15,10 +15,10 @@ import time
 
 from hdl.isa import describe, halt
 
-from sim.backend import RunResult, SimError, first_difference, get_backend
+from sim.backend import Backend, RunResult, SimError, first_difference, get_backend
 from sim.cli import UsageError, guarded
 
-__all__ = ["fuzz", "locate", "run_batch", "main"]
+__all__ = ["fuzz", "locate", "run_batch", "CheckedBackend", "main"]
 
 _HALT = halt().word
 
@@ -62,6 +62,41 @@ def locate(program, image, lat, backend, reference) -> int | None:
         if _compare(a, b) is not None:
             return k - 1
     return None
+
+
+class CheckedBackend(Backend):
+    """A backend that runs every program on the reference machine too and stops at the first difference.
+
+    The error names the run (counted from 1: in a decode, run n is step n), the first instruction after
+    which the two disagree (pc and assembly) and the first differing counter or word.
+    """
+
+    def __init__(self, backend, reference=None):
+        from sim.reference import ReferenceMachine
+        self.backend = backend
+        self.reference = reference or ReferenceMachine()
+        self.name = f"{backend.name} (checked against the reference)"
+        self.runs = 0
+
+    def run(self, program, image, lat: int = 8) -> RunResult:
+        self.runs += 1
+        n = self.runs
+        try:
+            got = self.backend.run(program, image, lat)
+        except SimError as e:
+            got = e
+        try:
+            want = self.reference.run(program, image, lat)
+        except SimError as e:
+            want = e
+        diff = _compare(want, got)
+        if diff is not None:
+            pc = locate(list(program), list(image), lat, self.backend, self.reference)
+            where = "" if pc is None else f", first at pc {pc} ({describe(program[pc])})"
+            raise SimError(f"run {n} on {self.backend.name} differs from the reference: {diff}{where}")
+        if isinstance(got, SimError):
+            raise got
+        return got
 
 
 def fuzz(backend, reference, count: int, seed: int, ext: int = 2048, lat: int = 8, out=sys.stdout) -> dict:

@@ -123,3 +123,30 @@ def test_vcd_waveform_on_request(tmp_path):
     assert run["records"][0]["counters"] == [7000, 4040, 2449, 375, 67]
     head = vcd.read_text()
     assert "$enddefinitions" in head and "cyc_total" in head
+
+
+def test_check_names_the_step_and_the_first_differing_instruction():
+    """--check: a simulator that miscounts from the first VADD on is stopped at step 1, at that VADD."""
+    from hdl.isa import Op, operands
+    from host import tiny_lm as T
+    from host.paged import PagedChip
+    from sim.backend import SimError
+    from sim.fuzz import CheckedBackend
+    from sim.reference import ReferenceMachine
+
+    class MiscountsVadd(ReferenceMachine):
+        name = "faulty"
+
+        def run(self, program, image, lat=8):
+            res = super().run(program, image, lat)
+            if any(operands(w)["op"] == Op.VADD for w in program):
+                res.counters[3] += 1
+            return res
+
+    chip = PagedChip(T.make_model("structured"), 2, 2, backend=CheckedBackend(MiscountsVadd()))
+    with pytest.raises(SimError) as e:
+        chip.generate(0, 2)
+    program = chip.progs[1].code
+    first_vadd = next(pc for pc, w in enumerate(program) if operands(w)["op"] == Op.VADD)
+    assert str(e.value).startswith("run 1 on faulty differs from the reference: counter cyc_vec")
+    assert f"first at pc {first_vadd} (vadd " in str(e.value)
