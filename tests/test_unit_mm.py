@@ -71,10 +71,7 @@ def run_cases(words, *, seed, trace=False, **issue_options):
             b, cycles = await bench.issue(ctx, word, trace=trace, **issue_options)
             for addr, value in writes:
                 mirror[addr] = value
-            got = bench.dump(ctx)
-            bad = [a for a in range(SPAD_DEPTH) if got[a] != mirror[a]]
-            assert not bad, (f"{word:#034x}: {len(bad)} words differ, first at {bad[0]}: "
-                             f"got {got[bad[0]]:#x}, want {mirror[bad[0]]:#x}")
+            bench.check_against(ctx, mirror, word)
             await bench.idle(ctx, 1)
             results.append((word, b, cycles, writes))
         return results

@@ -36,10 +36,7 @@ def run_cases(cases, *, seed, trace=False, **issue_options):
             b, cycles = await bench.issue(ctx, word, trace=trace, **issue_options)
             for k, pk in enumerate(p):
                 mirror[(o["dst"] + k) % SPAD_DEPTH] = pk
-            got = bench.dump(ctx)
-            bad = [a for a in range(SPAD_DEPTH) if got[a] != mirror[a]]
-            assert not bad, (f"{word:#034x}: {len(bad)} words differ, first at {bad[0]}: "
-                             f"got {got[bad[0]]:#x}, want {mirror[bad[0]]:#x}")
+            bench.check_against(ctx, mirror, word)
             await bench.idle(ctx, 1)
             results.append((word, b, cycles, p))
         return results

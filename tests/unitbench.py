@@ -59,6 +59,13 @@ class UnitBench(Elaboratable):
         """Backdoor: the whole scratchpad as a list of unsigned words."""
         return [ctx.get(self.scratchpad.memory.data[a]) for a in range(SPAD_DEPTH)]
 
+    def check_against(self, ctx, mirror, word):
+        """Assert that the whole scratchpad equals `mirror`, naming the first differing word."""
+        got = self.dump(ctx)
+        bad = [a for a in range(SPAD_DEPTH) if got[a] != mirror[a]]
+        assert not bad, (f"{word:#034x}: {len(bad)} words differ, first at {bad[0]}: "
+                         f"got {got[bad[0]]:#x}, want {mirror[bad[0]]:#x}")
+
     async def issue(self, ctx, word, *, limit=5000, trace=False, junk=None, stray=(), hang=False):
         """Start the unit on instruction `word` and clock until done; return (B, trace list or None).
 
