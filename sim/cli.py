@@ -1,14 +1,33 @@
-"""What every command of the project shares: one-line errors instead of tracebacks, and a progress line.
+"""What every command of the project shares: its parser, one-line errors, output paths and progress.
 
-A command's `main(argv)` raises one of the project's own error types for bad input or a failed run;
-`guarded` turns it into ``error: <message>`` on stderr and exit status 2. Anything else is a bug and keeps
-its traceback.
+A command builds its parser with `Parser` (a description, an example, a default shown for every option;
+a bad option or value is one ``error: ...`` line and exit status 2, never argparse's usage block). Its
+`main(argv)` raises one of the project's own error types for bad input or a failed run; `guarded` turns
+those into ``error: <message>`` on stderr and exit status 2. Anything else is a bug and keeps its
+traceback. Output paths are checked while parsing (`output_file`, `output_dir`), before any work, and
+written atomically (`write_text`, `write_json`). `Progress` shows a tqdm bar on a terminal and a plain line
+every few seconds in a log.
+
+The commands themselves are listed once, in `sim.ga2.COMMANDS` (the ``ga2`` tool); ``python -m sim.X``
+runs the same `main`.
 """
 from __future__ import annotations
 
+import argparse
+import json
+import os
 import sys
+import time
 
-__all__ = ["UsageError", "user_errors", "guarded", "Progress"]
+__all__ = ["UsageError", "user_errors", "guarded", "Parser", "int_range", "window", "sim_option",
+           "output_file", "output_dir", "make_dir", "write_text", "write_json", "Progress",
+           "PROGRESS_ENV", "progress_interval"]
+
+PROGRESS_ENV = "GA2_PROGRESS_SECONDS"   # seconds between plain progress lines when not on a terminal
+_DEFAULT_INTERVAL = 10.0
+
+# Set by the `ga2` dispatcher so that --help and the error lines name the command as it was typed.
+invoked_as: str | None = None
 
 
 class UsageError(ValueError):
@@ -16,21 +35,27 @@ class UsageError(ValueError):
 
 
 def user_errors() -> tuple[type[BaseException], ...]:
-    """The exception types that describe a user's mistake or a failed run, not a bug."""
+    """The exception types that describe a user's mistake or a failed run, not a bug.
+
+    Explicit imports on purpose: a renamed or moved exception fails here, loudly (and in
+    tests/test_cli.py), instead of silently turning back into a traceback.
+    """
+    from compiler.graph import CompileError
     from hdl.isa import IsaError
+    from host.paged import HostError
+    from host.pagetable import OutOfPages, PageTableError
+    from host.window import WindowError
     from sim.backend import SimError
-    kinds: list[type[BaseException]] = [UsageError, IsaError, SimError, OSError]
-    for module, names in (("compiler", ("CompileError",)),
-                          ("host.pagetable", ("OutOfPages", "PageTableError")),
-                          ("host.paged", ("HostError",)),
-                          ("host.window", ("WindowError",)),
-                          ("sim.hexfile", ("HexFileError",))):
-        try:
-            mod = __import__(module, fromlist=list(names))
-        except ImportError:
-            continue
-        kinds += [getattr(mod, n) for n in names if hasattr(mod, n)]
-    return tuple(kinds)
+    from sim.hexfile import HexFileError
+    return (UsageError, IsaError, SimError, CompileError, OutOfPages, PageTableError, HostError, WindowError,
+            HexFileError, OSError)
+
+
+def _message(e: BaseException) -> str:
+    if isinstance(e, OSError) and e.filename is not None and e.strerror:
+        return f"{e.filename}: {e.strerror}"      # not "[Errno 2] ..." from OSError's str()
+    msg = str(e) or type(e).__name__
+    return msg.splitlines()[0]
 
 
 def guarded(main, argv=None) -> int:
@@ -41,31 +66,237 @@ def guarded(main, argv=None) -> int:
         print("interrupted", file=sys.stderr)
         return 130
     except user_errors() as e:
-        msg = str(e) or type(e).__name__
-        print(f"error: {msg.splitlines()[0]}", file=sys.stderr)
+        print(f"error: {_message(e)}", file=sys.stderr)
         return 2
 
 
-class Progress:
-    """A one-line progress indicator on stderr, shown only on a terminal (quiet in logs and CI)."""
+# ---- the parser ----------------------------------------------------------------------------------------
 
-    def __init__(self, label: str, enabled: bool | None = None, stream=None):
+class _Formatter(argparse.RawDescriptionHelpFormatter):
+    """Keeps the example's line breaks and shows a default for every option that does not say it."""
+
+    def _get_help_string(self, action):
+        text = action.help or ""
+        if not action.option_strings or action.help is argparse.SUPPRESS or "default" in text.lower():
+            return text
+        if action.required:
+            return f"{text} (required)"
+        if isinstance(action, (argparse._StoreTrueAction, argparse._HelpAction)):
+            return text if isinstance(action, argparse._HelpAction) else f"{text} (default: off)"
+        value = action.default
+        shown = "none" if value is None else ",".join(map(str, value)) if isinstance(value, (list, tuple)) \
+            else str(value)
+        return f"{text} (default: {shown})"
+
+
+class Parser(argparse.ArgumentParser):
+    """The parser of every command: description, example, defaults in --help, errors in one line.
+
+    Parameters
+    ----------
+    prog : str
+        How the command is run without the dispatcher, e.g. ``python -m sim.decode``; under ``ga2`` the
+        dispatcher's name for it is shown instead.
+    description : str
+        What the command does (the first paragraph of --help).
+    example : str
+        One or more example command lines (shown at the end of --help).
+    """
+
+    def __init__(self, prog: str, description: str, example: str, **kwargs):
+        if not description or not example:
+            raise TypeError("every command needs a description and an example")
+        lines = "\n".join("  " + ln for ln in example.strip().splitlines())
+        super().__init__(prog=invoked_as or prog, description=description, epilog=f"example:\n{lines}",
+                         formatter_class=_Formatter, **kwargs)
+        self.example = example
+
+    def error(self, message):
+        """One line on stderr and exit status 2 (argparse's own errors: unknown option, bad value)."""
+        self.exit(2, f"error: {message.splitlines()[0] if message else 'bad command line'}\n")
+
+
+def int_range(lo: int | None = None, hi: int | None = None):
+    """An argparse type: a whole number within lo..hi (either bound may be None)."""
+    def parse(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number{_bounds(lo, hi)}, got {text!r}") from None
+        if (lo is not None and v < lo) or (hi is not None and v > hi):
+            raise argparse.ArgumentTypeError(f"must be{_bounds(lo, hi)}, got {v}")
+        return v
+    parse.__name__ = "whole number"
+    return parse
+
+
+def _bounds(lo, hi) -> str:
+    if lo is not None and hi is not None:
+        return f" within {lo}..{hi}"
+    if lo is not None:
+        return f" >= {lo}"
+    return f" <= {hi}" if hi is not None else ""
+
+
+def window(text: str) -> int | None:
+    """An argparse type for a sliding window: 'none' or a whole number >= 1."""
+    if text.lower() == "none":
+        return None
+    try:
+        w = int(text)
+    except ValueError:
+        w = 0
+    if w < 1:
+        raise argparse.ArgumentTypeError(f"must be 'none' or a whole number >= 1, got {text!r}")
+    return w
+
+
+def sim_option(parser: argparse.ArgumentParser, default: str, help: str = "which simulator runs the chip",
+               flag: str = "--sim") -> None:
+    """Add ``--sim`` with the choices of the backend registry (`sim.backend.BACKENDS`), never a copy."""
+    from sim.backend import BACKENDS
+    parser.add_argument(flag, default=default, choices=tuple(BACKENDS), metavar="{" + "|".join(BACKENDS) + "}",
+                        help=help)
+
+
+# ---- output paths: checked while parsing, written atomically -----------------------------------------
+
+def _writable_dir(path: str) -> bool:
+    return os.path.isdir(path) and os.access(path, os.W_OK | os.X_OK)
+
+
+def output_file(text: str) -> str:
+    """An argparse type for a file the command will write: refused now (naming the option) if it is a
+    directory, its directory does not exist or cannot be written, or the file exists read-only."""
+    if not text:
+        raise argparse.ArgumentTypeError("an empty path")
+    if os.path.isdir(text):
+        raise argparse.ArgumentTypeError(f"{text} is a directory, not a file")
+    parent = os.path.dirname(os.path.abspath(text))
+    if not os.path.isdir(parent):
+        raise argparse.ArgumentTypeError(f"directory {parent} does not exist")
+    if not _writable_dir(parent):
+        raise argparse.ArgumentTypeError(f"directory {parent} is not writable")
+    if os.path.exists(text) and not os.access(text, os.W_OK):
+        raise argparse.ArgumentTypeError(f"{text} exists and is not writable")
+    return text
+
+
+def output_dir(text: str) -> str:
+    """An argparse type for a directory the command will write into: it exists and is writable, or its
+    parent does (the command then creates this one level only, and says so; never a deep tree)."""
+    if not text:
+        raise argparse.ArgumentTypeError("an empty path")
+    if os.path.exists(text) and not os.path.isdir(text):
+        raise argparse.ArgumentTypeError(f"{text} exists and is not a directory")
+    if os.path.isdir(text):
+        if not _writable_dir(text):
+            raise argparse.ArgumentTypeError(f"directory {text} is not writable")
+        return text
+    parent = os.path.dirname(os.path.abspath(text))
+    if not os.path.isdir(parent):
+        raise argparse.ArgumentTypeError(f"directory {parent} does not exist (only the last level is "
+                                         "created)")
+    if not _writable_dir(parent):
+        raise argparse.ArgumentTypeError(f"directory {parent} is not writable")
+    return text
+
+
+def make_dir(path, out=None) -> None:
+    """Create the output directory `path` (one level, its parent was checked) and say so."""
+    path = os.fspath(path)
+    if not os.path.isdir(path):
+        os.mkdir(path)
+        print(f"created directory {path}", file=out or sys.stdout)
+
+
+def write_text(path, text: str, out=None, say: bool = True) -> None:
+    """Write `text` to `path` atomically (a temporary file beside it, then a rename); a failed write
+    leaves neither a half-written file nor the temporary one. Prints ``wrote PATH`` unless `say` is off."""
+    path = os.fspath(path)
+    tmp = f"{path}.tmp"
+    try:
+        with open(tmp, "w") as fh:
+            fh.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    if say:
+        print(f"wrote {path}", file=out or sys.stdout)
+
+
+def write_json(path, doc, out=None, say: bool = True) -> None:
+    """`write_text` of `doc` as indented JSON (serialized first: an unserializable doc writes nothing)."""
+    write_text(path, json.dumps(doc, indent=1) + "\n", out=out, say=say)
+
+
+# ---- progress ------------------------------------------------------------------------------------------
+
+def progress_interval() -> float:
+    """Seconds between plain progress lines in a log ($GA2_PROGRESS_SECONDS, default 10)."""
+    text = os.environ.get(PROGRESS_ENV, "")
+    try:
+        return max(0.0, float(text)) if text else _DEFAULT_INTERVAL
+    except ValueError:
+        return _DEFAULT_INTERVAL
+
+
+class Progress:
+    """Progress of a long run, called as ``progress(done, total)``.
+
+    On a terminal: a tqdm bar on stderr, removed at the end. Otherwise (a log, CI, a pipe): one plain line
+    ``label: done/total unit (p %), t s`` on stderr at most every `interval` seconds, so a long run in a
+    log still shows that it is alive.
+    """
+
+    def __init__(self, label: str, unit: str = "step", enabled: bool | None = None, stream=None,
+                 interval: float | None = None):
         self.stream = stream or sys.stderr
         self.label = label
-        self.enabled = self.stream.isatty() if enabled is None else enabled
-        self._shown = False
+        self.unit = unit
+        self.enabled = True if enabled is None else enabled
+        self.tty = _isatty(self.stream)
+        self.interval = progress_interval() if interval is None else interval
+        self.t0 = self._last = time.monotonic()
+        self._bar = None
 
     def __call__(self, done: int, total: int) -> None:
         if not self.enabled:
             return
-        width = 30
-        filled = width * done // max(total, 1)
-        self.stream.write(f"\r{self.label} [{'#' * filled}{'.' * (width - filled)}] {done}/{total}")
-        self.stream.flush()
-        self._shown = True
+        if self.tty:
+            if self._bar is None:
+                from tqdm import tqdm
+                self._bar = tqdm(total=total, desc=self.label, unit=self.unit, file=self.stream, leave=False,
+                                 dynamic_ncols=True)
+            self._bar.total = total
+            self._bar.update(done - self._bar.n)
+            return
+        now = time.monotonic()
+        if now - self._last >= self.interval:
+            self._last = now
+            pct = 100 * done // max(total, 1)
+            print(f"{self.label}: {done}/{total} {self.unit}s ({pct} %), {now - self.t0:.1f} s",
+                  file=self.stream, flush=True)
 
     def close(self) -> None:
-        if self._shown:
-            self.stream.write("\r" + " " * 79 + "\r")
-            self.stream.flush()
-            self._shown = False
+        if self._bar is not None:
+            self._bar.close()
+            self._bar = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+        return False
+
+
+def _isatty(stream) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):
+        return False
