@@ -9,7 +9,8 @@ no cached row is read) and every full page is released; note that the float refe
 from __future__ import annotations
 
 __all__ = ["WindowError", "check_window", "context_size", "gather_bounds", "trim_point",
-           "expected_pages", "pages_after_step", "window_bound", "contexts"]
+           "expected_pages", "pages_after_step", "pages_during_step", "pages_needed", "first_step_over",
+           "window_bound", "contexts"]
 
 
 class WindowError(ValueError):
@@ -74,6 +75,52 @@ def expected_pages(L: int, W, page: int) -> int:
 def pages_after_step(L: int, W, page: int) -> int:
     """Pages in use once step L has appended its row and trimmed (the quantity the peak is taken over)."""
     return expected_pages(L + 1, W, page)
+
+
+def pages_during_step(L: int, W, page: int) -> int:
+    """Pages held once step L has appended its row and before it trims: the most step L ever holds.
+
+    The append comes first, so a step that takes a new page and releases an old one needs both at once
+    (e.g. W = 2, P = 1 holds 2 pages in every step although 1 is left after each trim).
+    """
+    _check_step(L)
+    _check_page(page)
+    check_window(W)
+    kf = 0 if W is None else max(0, L - W)          # the trim point of step L-1
+    return -(-L // page) - kf // page
+
+
+def _last_step_to_scan(n: int, W, page: int) -> int:
+    # With a window, pages_during_step(L) = ceil(L/P) - floor((L-W)/P) for L >= W, which repeats with
+    # period P: steps 1 .. W+P-1 already show every value an n-step decode can reach.
+    return n if W is None else min(n, W + page - 1)
+
+
+def pages_needed(n: int, W, page: int) -> int:
+    """The pool an n-step decode needs: the largest ``pages_during_step`` over steps 1..n.
+
+    Computed without decoding, in at most W+P-1 evaluations, so a too-small pool can be refused at once.
+    """
+    _check_step(n)
+    _check_page(page)
+    check_window(W)
+    if W is None:
+        return -(-n // page)                       # nothing is released: the last step holds the most
+    return max(pages_during_step(L, W, page) for L in range(1, _last_step_to_scan(n, W, page) + 1))
+
+
+def first_step_over(n: int, W, page: int, pool: int):
+    """The first step of an n-step decode whose append finds all ``pool`` pages in use, or None."""
+    _check_step(n)
+    _check_page(page)
+    check_window(W)
+    if not _int(pool) or pool < 0:
+        raise WindowError(f"pool must be an integer >= 0, got {pool!r}")
+    if W is None:
+        L = pool * page + 1                        # the first row that does not fit in `pool` pages
+        return L if L <= n else None
+    return next((L for L in range(1, _last_step_to_scan(n, W, page) + 1)
+                 if pages_during_step(L, W, page) > pool), None)
 
 
 def window_bound(W: int, page: int) -> int:

@@ -2,8 +2,10 @@
 import pytest
 
 from host import tiny_lm as T
-from host.window import (WindowError, check_window, context_size, contexts, expected_pages, gather_bounds,
-                         pages_after_step, trim_point, window_bound)
+from host.pagetable import PageTable
+from host.window import (WindowError, check_window, context_size, contexts, expected_pages, first_step_over,
+                         gather_bounds, pages_after_step, pages_during_step, pages_needed, trim_point,
+                         window_bound)
 
 
 def held_pages_brute(rows_lo: int, rows_hi: int, page: int) -> int:
@@ -60,6 +62,43 @@ def test_spec_table_5_5(W):
     assert [expected_pages(L, W, 4) for L in (2, 9, 17, 32)] == pages
     assert max(pages_after_step(L, W, 4) for L in range(1, 33)) == peak
     assert contexts(32, W) == list(range(1, programs + 1))
+
+
+def held_while_decoding(n: int, W, page: int) -> list[int]:
+    """Pages in use right after each step's append (before its trim), measured on a real PageTable driven
+    as spec 5.4 drives it; the trim point is written out here, not taken from host.window."""
+    pt = PageTable(n + 1, page)
+    pt.new(0)
+    held = []
+    for L in range(1, n + 1):
+        pt.append(0, L - 1)
+        held.append(pt.used())
+        if W is not None:
+            pt.trim(0, max(0, L + 1 - W))
+    return held
+
+
+@pytest.mark.parametrize("W", [None, 1, 2, 3, 4, 5, 6, 8, 11, 16])
+@pytest.mark.parametrize("page", [1, 2, 3, 4, 7])
+def test_pages_needed_and_first_step_over_equal_a_real_table(W, page):
+    held = held_while_decoding(40, W, page)
+    for L in range(1, 41):
+        assert pages_during_step(L, W, page) == held[L - 1], (L, W, page)
+    for n in range(1, 41):
+        need = max(held[:n])
+        assert pages_needed(n, W, page) == need, (n, W, page)
+        if W is not None:
+            assert need <= window_bound(W, page)     # W rows at once never span more than B pages
+        for pool in range(0, need + 2):
+            over = next((L for L in range(1, n + 1) if held[L - 1] > pool), None)
+            assert first_step_over(n, W, page, pool) == over, (n, W, page, pool)
+
+
+def test_pages_needed_is_quick_for_a_long_windowed_decode():
+    # the scan is bounded by the window's period: a billion steps cost W + P - 1 evaluations
+    assert pages_needed(10**9, 6, 4) == pages_needed(40, 6, 4) == 3
+    assert first_step_over(10**9, 6, 4, 2) == first_step_over(40, 6, 4, 2) == 9
+    assert pages_needed(10**9, None, 4) == 250_000_000 and first_step_over(10**9, None, 4, 7) == 29
 
 
 def test_window_bound_values():
