@@ -7,7 +7,12 @@ from __future__ import annotations
 
 from typing import Any, Hashable
 
-__all__ = ["PageTable", "PageTableError", "OutOfPages"]
+__all__ = ["PageTable", "PageTableError", "OutOfPages", "MAX_POOL_ROWS"]
+
+# The pool is allocated up front, one Python slot per row: 2^20 slots are 8 MB of pointers, far beyond
+# what the host needs (the chip attends at most 64 rows; the paging study uses 8,192) yet small enough
+# that a typo such as n_pages=10**9 is refused instead of exhausting the machine's memory.
+MAX_POOL_ROWS = 1 << 20
 
 
 class PageTableError(ValueError):
@@ -33,6 +38,7 @@ class PageTable:
         Number of physical pages in the pool (>= 1).
     page : int
         Rows per page (>= 1). A row is any Python object (the host stores a (k row, v row) pair).
+        The pool may hold at most ``MAX_POOL_ROWS`` (2^20) rows: ``n_pages * page <= MAX_POOL_ROWS``.
 
     Attributes
     ----------
@@ -57,6 +63,9 @@ class PageTable:
     def __init__(self, n_pages: int, page: int = 4):
         self._page = _positive_int("page size", page)
         self._n_pages = _positive_int("pool size (pages)", n_pages)
+        if n_pages * page > MAX_POOL_ROWS:
+            raise PageTableError(f"a pool of {n_pages} pages of {page} rows holds {n_pages * page} rows, "
+                                 f"more than the {MAX_POOL_ROWS} allowed (MAX_POOL_ROWS)")
         self._pool: list[list[Any]] = [[None] * page for _ in range(n_pages)]
         self._ref = [0] * n_pages
         self._free = list(range(n_pages - 1, -1, -1))
@@ -126,11 +135,11 @@ class PageTable:
         i = self._length[rid]
         off = i % self._page
         if off == 0:
-            t.append(self._take())
+            t.append(self._take(rid, i))
         elif self._ref[t[-1]] > 1:
             # The page is shared (a fork): writing into it would change the other owners' rows.
             shared = t[-1]
-            q = self._take()                 # may raise: nothing has been modified yet
+            q = self._take(rid, i)           # may raise: nothing has been modified yet
             self._pool[q][:] = self._pool[shared]
             self._drop(shared)
             t[-1] = q
@@ -189,9 +198,10 @@ class PageTable:
         del self._length[rid], self._dropped[rid]
 
     # ---- internals ----------------------------------------------------------------------------------
-    def _take(self) -> int:
+    def _take(self, rid, row: int) -> int:
         if not self._free:
-            raise OutOfPages(f"no free page: all {self._n_pages} pages of {self._page} rows are in use")
+            raise OutOfPages(f"no free page for row {row} of request {rid!r}: all {self._n_pages} pages "
+                             f"of {self._page} rows are in use")
         p = self._free.pop()
         self._ref[p] = 1
         return p

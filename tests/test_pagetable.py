@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from host.pagetable import OutOfPages, PageTable, PageTableError
+from host.pagetable import MAX_POOL_ROWS, OutOfPages, PageTable, PageTableError
 
 
 # ---- the invariants, computed from the public views only ----------------------------------------
@@ -129,6 +129,28 @@ def test_exhaustion_raises_and_keeps_length():
     assert pt.rows(0, 0, 6) == [(i, i) for i in range(6)]
 
 
+def test_failed_append_changes_nothing_and_names_the_row():
+    pt = PageTable(3, 2)
+    pt.new(0)
+    pt.new(1)
+    for i in range(4):
+        pt.append(0, (i, i))
+    pt.append(1, "b0")
+    pt.trim(0, 2)                  # page 0 goes back to the free list and is taken by request 1
+    pt.append(1, "b1")
+    pt.append(1, "b2")             # every page is now in use: request 0 holds 1, request 1 holds 2
+    views = (pt.free_pages(), [pt.refcount(p) for p in range(3)], pt.table(0), pt.table(1), pt.length(0),
+             pt.length(1), pt.dropped(0), pt.rows(0, 2, 4), pt.rows(1, 0, 3))
+    assert views[:5] == ((), [1, 1, 1], (1,), (2, 0), 4)
+    snap = copy.deepcopy(vars(pt))
+    with pytest.raises(OutOfPages, match=re.escape("no free page for row 4 of request 0: all 3 pages of 2 rows "
+                                                   "are in use")):
+        pt.append(0, (4, 4))
+    assert vars(pt) == snap        # pool contents, free list, counts, block tables, lengths, dropped
+    assert (pt.free_pages(), [pt.refcount(p) for p in range(3)], pt.table(0), pt.table(1), pt.length(0),
+            pt.length(1), pt.dropped(0), pt.rows(0, 2, 4), pt.rows(1, 0, 3)) == views
+
+
 def test_failed_copy_on_write_changes_nothing():
     pt = PageTable(2, 4)
     pt.new("a")
@@ -230,10 +252,19 @@ def test_release_twice_is_an_error():
     (8, -2, "page size must be an integer >= 1, got -2"),
     (8, 2.5, "page size must be an integer >= 1, got 2.5"),
     (True, 4, "pool size (pages) must be an integer >= 1, got True"),
+    (2**20 + 1, 1, "a pool of 1048577 pages of 1 rows holds 1048577 rows, more than the 1048576 allowed"),
+    (1025, 1024, "a pool of 1025 pages of 1024 rows holds 1049600 rows, more than the 1048576 allowed"),
+    (1, 2**20 + 1, "a pool of 1 pages of 1048577 rows holds 1048577 rows, more than the 1048576 allowed"),
 ])
 def test_bad_sizes(n_pages, page, message):
     with pytest.raises(PageTableError, match=re.escape(message)):
         PageTable(n_pages, page)
+
+
+def test_largest_pool_allowed():
+    assert MAX_POOL_ROWS == 2**20
+    pt = PageTable(1024, 1024)     # exactly MAX_POOL_ROWS rows
+    assert pt.used() == 0 and len(pt.free_pages()) == 1024
 
 
 # ---- example A: the recorded output of the chapter --------------------------------------------------
@@ -273,6 +304,7 @@ def test_example_a_output_matches_the_chapter(capsys, tmp_path):
     from sim import pagetable_demo
     assert pagetable_demo.main(["--json", str(tmp_path / "a.json")]) == 0
     got = capsys.readouterr().out.splitlines()
+    assert got.pop() == f"wrote {tmp_path / 'a.json'}"
     want = SEED_EXAMPLE_A.splitlines()
     assert len(got) == len(want)
     for g, w in zip(got, want):
@@ -282,6 +314,8 @@ def test_example_a_output_matches_the_chapter(capsys, tmp_path):
 
 def test_example_a_bad_json_path(capsys):
     from sim import pagetable_demo
-    assert pagetable_demo.main(["--json", "/nonexistent-dir/x.json"]) == 2
-    err = capsys.readouterr().err
-    assert err.startswith("error: cannot write /nonexistent-dir/x.json") and err.count("\n") == 1
+    from sim.cli import guarded
+    assert guarded(pagetable_demo.main, ["--json", "/nonexistent-dir/x.json"]) == 2
+    out = capsys.readouterr()
+    assert out.out == ""                            # refused before the demo prints anything
+    assert out.err == "error: --json: directory /nonexistent-dir does not exist\n"
