@@ -2,18 +2,33 @@
 run against the tests that should notice it, in a throw-away copy of the project (the work tree is never
 touched).
 
-Contract: ``python -m sim.mutants [--only host|hdl|compiler] [--jobs N] [--list] [--timeout S]`` first runs
+Contract: ``python -m sim.mutants [--only KIND] [--jobs N] [--list] [--timeout S]`` first runs
 the union of the chosen mutants' checks on an unmutated copy (exit 1 if that fails), then every mutant:
 copy the tree (no .git, no build products), replace its anchor (which must occur exactly once in its file),
 run ``pytest -x -q -p no:cacheprovider <checks>`` there with PYTHONPATH on the copy and a time limit, and
-print ``caught`` / ``SURVIVED`` with the first failing test. The last line is
-``N of N broken versions caught``; the exit status is 0 only if every mutant not argued equivalent is caught.
-A hardware mutant's Verilator model is built inside its copy ($GA2_BUILD_DIR points there); every other
-run shares the project's own cached build, whose key covers the hdl/ sources.
+give one verdict per mutant:
+
+- ``caught``: pytest exited 1 because a test failed on an assertion (``assert``, ``pytest.fail``, a
+  ``pytest.raises`` that saw nothing raised), with no error in collection, import, setup or teardown;
+- ``INCONCLUSIVE``: anything else that is not a pass -- the time limit, a collection or import error, an
+  error outside a test's body, a test that died of another exception (a crash, not a verdict), pytest
+  exit 2-5 or a signal, an anchor that cannot be applied, an equivalence that is claimed but not shown;
+- ``SURVIVED``: every check passed;
+- ``EQUIVALENT``: every check passed, and the mutant's `shown_by` test, run on the unmutated copy first,
+  demonstrates that the mutated and the original code give the same outputs.
+
+How each test ended is recorded by a small pytest plugin (`PROBE_SOURCE`) loaded into the checks' run, not
+parsed from pytest's text. The last line counts the four verdicts; the exit status is 0 only when nothing
+is inconclusive and nothing survived.
+
+Nothing is written into the work tree or its build/: every run (the baseline and each mutant) gets its own
+$GA2_BUILD_DIR inside its copy, seeded with a copy of the cached Verilator models (the model key covers the
+hdl/ sources, the driver and the flags, so a mutant of any of them builds its own model there).
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import shutil
@@ -58,6 +73,10 @@ class Mutant:
         Test files or pytest node ids (relative to the root) that must notice the change.
     equivalent : str or None
         When set, the argument that the mutant cannot be told apart from the original (the reason).
+    shown_by : str or None
+        With `equivalent`: the pytest node id of a test that demonstrates the equivalence by running the
+        original and the mutated code (built with `mutated_source`) on an exhaustive or large random
+        domain, or by a formal proof. An equivalence without it is inconclusive.
     """
     kind: str
     file: str
@@ -66,10 +85,11 @@ class Mutant:
     description: str
     checks: tuple
     equivalent: str | None = None
+    shown_by: str | None = None
 
 
-def _m(kind, file, anchor, replacement, description, *checks, equivalent=None):
-    return Mutant(kind, file, anchor, replacement, description, tuple(checks), equivalent)
+def _m(kind, file, anchor, replacement, description, *checks, equivalent=None, shown_by=None):
+    return Mutant(kind, file, anchor, replacement, description, tuple(checks), equivalent, shown_by)
 
 
 PT, WIN, PAGED, LM = "host/pagetable.py", "host/window.py", "host/paged.py", "host/tiny_lm.py"
@@ -189,7 +209,8 @@ MUTANTS: tuple[Mutant, ...] = (
        "scratchpad port: AMAX's write address and data are also routed inside its own case",
        "tests/test_chip_amaranth.py",
        equivalent="the defaults before the switch already drive waddr/wdata from AMAX, so its case assigns "
-                  "the same two values again and the netlist computes the same function"),
+                  "the same two values again and the netlist computes the same function",
+       shown_by="tests/test_mutants.py::test_equivalent_amax_port_routing_is_the_same_function"),
     _m("hdl", "hdl/extmem.py", "data, valid = pipe[-33:-1], pipe[-1]", "data, valid = pipe[-66:-34], pipe[-34]",
        "external memory (harness): answers after LAT-1 cycles, so every LD word is written one cycle early",
        "tests/test_chip_amaranth.py"),
@@ -229,8 +250,13 @@ MUTANTS: tuple[Mutant, ...] = (
 
 
 # ---- applying a mutant ---------------------------------------------------------------------------------
-def anchor_problem(m: Mutant, root: Path = PROJECT_ROOT) -> str | None:
-    """Why `m` cannot be applied to the sources under `root` (None when it can)."""
+def anchor_problem(m: Mutant, root: Path = PROJECT_ROOT, compiles: bool = True) -> str | None:
+    """Why `m` cannot be applied to the sources under `root` (None when it can).
+
+    With `compiles` (the default, for the table's own mutants) a mutated file that is not valid Python is
+    a problem as well; `mutated_source` and the runs do not ask that (such a mutant runs, and pytest's
+    import error makes it inconclusive).
+    """
     if "\n" in m.anchor or "\n" in m.replacement:
         return "anchor and replacement must each be on one line"
     if m.anchor == m.replacement:
@@ -243,6 +269,8 @@ def anchor_problem(m: Mutant, root: Path = PROJECT_ROOT) -> str | None:
     n = text.count(m.anchor)
     if n != 1:
         return f"anchor occurs {n} times in {m.file} (must be exactly once): {m.anchor!r}"
+    if not compiles or not m.file.endswith(".py"):
+        return None
     try:
         compile(text.replace(m.anchor, m.replacement), m.file, "exec")
     except SyntaxError as e:
@@ -252,7 +280,7 @@ def anchor_problem(m: Mutant, root: Path = PROJECT_ROOT) -> str | None:
 
 def mutated_source(m: Mutant, root: Path = PROJECT_ROOT) -> str:
     """The text of `m.file` with the mutant applied (ValueError when the anchor is not usable)."""
-    problem = anchor_problem(m, root)
+    problem = anchor_problem(m, root, compiles=False)
     if problem:
         raise ValueError(problem)
     return (root / m.file).read_text().replace(m.anchor, m.replacement)
@@ -264,6 +292,29 @@ def copy_project(dst: Path, root: Path = PROJECT_ROOT) -> Path:
     return dst
 
 
+def seed_build(dst: Path, src: Path | None) -> Path:
+    """Make `dst` a private build directory holding a copy of the finished Verilator models under `src`.
+
+    Only finished models (a directory with the executable) and the source-key shortcuts are copied; `src`
+    is only read. Every key is a hash of what the model is built from, so a copied model is used only by
+    a run whose sources are the same, and a run with other sources builds its own model inside `dst`.
+    """
+    dst.mkdir(parents=True, exist_ok=True)
+    models = src / "verilator" if src is not None else None
+    if models is None or not models.is_dir():
+        return dst
+    out = dst / "verilator"
+    out.mkdir(exist_ok=True)
+    for entry in models.iterdir():
+        if entry.name.startswith("."):          # a build in progress (renamed into place when finished)
+            continue
+        if entry.name == "by-source" and entry.is_dir():
+            shutil.copytree(entry, out / entry.name, dirs_exist_ok=True)
+        elif entry.is_dir() and (entry / "ga2sim").is_file():
+            shutil.copytree(entry, out / entry.name, dirs_exist_ok=True)
+    return dst
+
+
 # ---- running checks --------------------------------------------------------------------------------------
 @dataclass
 class Outcome:
@@ -272,24 +323,114 @@ class Outcome:
     Attributes
     ----------
     status : str
-        ``passed``, ``failed``, ``timeout`` or ``error`` (pytest could not run the checks).
+        ``passed``; ``failed`` (a test failed on an assertion and nothing else went wrong: the only
+        status that catches a mutant); ``timeout``; or ``error`` (anything else: see `classify`).
     first_failure : str or None
-        Node id (or file) of the first failing test when ``failed``.
+        Node id (or file) of the failing test when ``failed``; of the test or file in trouble when
+        ``error``, if one is known.
     seconds : float
         Wall time of the run.
     tail : str
         The last 2,000 characters of pytest's output.
     skipped : int
         Tests reported as skipped by a run that passed.
+    reason : str
+        For ``error`` and ``timeout``: what went wrong, in words.
     """
     status: str
     first_failure: str | None
     seconds: float
     tail: str
     skipped: int = 0
+    reason: str = ""
 
 
-_FAIL_LINE = re.compile(r"^(FAILED|ERROR) (\S+)")
+# The plugin loaded into every run of checks (``-p ga2_mutant_probe``, from a directory outside the copy):
+# one JSON line per test report and per failed collection, with the exception's type and whether it is an
+# assertion. pytest's own text is for people; the verdict is taken from these records.
+PROBE_SOURCE = '''\
+"""Written by sim.mutants: how each test of this run ended, one JSON line per report."""
+import json
+import os
+
+import pytest
+
+_OUT = os.environ["GA2_MUTANT_PROBE"]
+_ASSERTIONS = (AssertionError, pytest.fail.Exception)
+
+
+def _write(record):
+    with open(_OUT, "a") as f:
+        f.write(json.dumps(record) + "\\n")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    report = (yield).get_result()
+    if call.excinfo is not None:    # user_properties travel to the xdist controller with the report
+        report.user_properties.append(("ga2_exc", call.excinfo.typename))
+        report.user_properties.append(("ga2_assertion", bool(call.excinfo.errisinstance(_ASSERTIONS))))
+
+
+def pytest_runtest_logreport(report):
+    props = dict(p for p in report.user_properties if isinstance(p, tuple) and len(p) == 2)
+    _write({"kind": "test", "node": report.nodeid, "when": report.when, "outcome": report.outcome,
+            "exc": props.get("ga2_exc"), "assertion": bool(props.get("ga2_assertion"))})
+
+
+def pytest_collectreport(report):
+    if report.failed:
+        _write({"kind": "collect", "node": report.nodeid or "(session)", "outcome": "failed"})
+'''
+PROBE_MODULE = "ga2_mutant_probe"
+_PYTEST_EXIT = {2: "interrupted (a collection error or a signal)", 3: "an internal error",
+                4: "a usage error", 5: "no tests collected"}
+
+
+def classify(returncode: int | None, records: list[dict]) -> tuple[str, str | None, str]:
+    """The status of one run of checks from pytest's exit status and the probe's records.
+
+    Parameters
+    ----------
+    returncode : int or None
+        pytest's exit status (negative: killed by that signal); None when the time limit ended it.
+    records : list of dict
+        The probe's records (``kind`` ``test`` with ``node``, ``when``, ``outcome``, ``exc``,
+        ``assertion``; ``kind`` ``collect`` with ``node``).
+
+    Returns
+    -------
+    (status, node, reason)
+        `status` as in `Outcome`; `node` names the test or file concerned; `reason` says why, in words.
+    """
+    if returncode is None:
+        return "timeout", None, "the time limit ended the checks"
+    for r in records:
+        if r.get("kind") == "collect":
+            return "error", r["node"], f"a collection or import error in {r['node']}"
+    tests = [r for r in records if r.get("kind") == "test"]
+    for r in tests:
+        if r["when"] != "call" and r["outcome"] == "failed":
+            return "error", r["node"], f"an error in the {r['when']} of {r['node']} ({r['exc'] or 'no exception'})"
+    failures = [r for r in tests if r["when"] == "call" and r["outcome"] == "failed"]
+    ran = [r for r in tests if r["when"] == "call" and r["outcome"] != "skipped"]
+    if returncode == 0:
+        if failures or not ran:
+            return "error", None, "pytest exited 0 but its records show " + (
+                "a failed test" if failures else "no test that ran")
+        return "passed", None, ""
+    # 1: tests failed; 2 with a failure on record and no collection error: -x under pytest-xdist
+    if returncode == 1 or (returncode == 2 and failures):
+        if not failures:
+            return "error", None, "pytest exited 1 without a failed test on record (a crash of the run?)"
+        first = failures[0]
+        if first["assertion"]:
+            return "failed", first["node"], "an assertion failed"
+        return "error", first["node"], f"{first['node']} died of {first['exc']}, not of a failed assertion"
+    if returncode < 0:
+        return "error", None, f"pytest was killed by signal {-returncode}"
+    return "error", None, f"pytest exit status {returncode}: {_PYTEST_EXIT.get(returncode, 'a crash')}"
+
 
 # Check runs in flight, so that an interrupted run can end them (they run in their own sessions).
 _live: set = set()
@@ -311,15 +452,18 @@ def _stop_all() -> None:
                 pass
 
 
-def _first_failure(out: str) -> str | None:
-    for line in out.splitlines():
-        hit = _FAIL_LINE.match(line)
-        if hit:
-            return hit.group(2)
-    for line in out.splitlines():             # a collection error names its file this way
-        if line.startswith("ERROR collecting ") or "error during collection" in line.lower():
-            return line.strip("_ ").removeprefix("ERROR collecting ")
-    return None
+def _read_records(path: Path) -> list[dict]:
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return []
+    out = []
+    for line in lines:
+        try:
+            out.append(json.loads(line))
+        except ValueError:      # a line cut short by a kill: the run is not a pass anyway
+            pass
+    return out
 
 
 def project_build_dir(root: Path = PROJECT_ROOT) -> Path:
@@ -333,85 +477,109 @@ def run_checks(root: Path, checks, timeout: float = DEFAULT_TIMEOUT, workers: in
     """Run ``pytest -x -q -p no:cacheprovider checks`` in `root` with PYTHONPATH = `root`.
 
     `build_dir` becomes ``$GA2_BUILD_DIR`` (default: ``root/build``, i.e. nothing cached is shared).
+    The status comes from `classify`.
     """
-    env = dict(os.environ)
-    env["PYTHONPATH"] = str(root)
-    env["GA2_BUILD_DIR"] = str(build_dir if build_dir is not None else root / "build")
-    env["PYTHONDONTWRITEBYTECODE"] = "1"
-    for var in ("GA2_VCD", "PYTEST_ADDOPTS", "PYTEST_PLUGINS"):    # the command line below is the whole story
-        env.pop(var, None)
-    cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-rfE", "--tb=line",
-           "-o", "addopts="]
-    if workers > 1:
-        cmd += ["-n", str(workers)]
-    cmd += list(checks)
-    t0 = time.monotonic()
-    with _live_lock:
+    with tempfile.TemporaryDirectory(prefix="ga2-probe-") as probe_dir:
+        probe = Path(probe_dir)
+        (probe / f"{PROBE_MODULE}.py").write_text(PROBE_SOURCE)
+        records = probe / "records.jsonl"
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join((str(root), str(probe)))
+        env["GA2_BUILD_DIR"] = str(build_dir if build_dir is not None else root / "build")
+        env["GA2_MUTANT_PROBE"] = str(records)
+        env["PYTHONDONTWRITEBYTECODE"] = "1"
+        for var in ("GA2_VCD", "PYTEST_ADDOPTS", "PYTEST_PLUGINS"):    # the command line below is the whole story
+            env.pop(var, None)
+        cmd = [sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", "-p", PROBE_MODULE,
+               "-rfE", "--tb=line", "-o", "addopts="]
+        if workers > 1:
+            cmd += ["-n", str(workers)]
+        cmd += list(checks)
+        t0 = time.monotonic()
+        with _live_lock:
+            if _stopping.is_set():
+                raise Interrupted("interrupted")
+            proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                    text=True, start_new_session=True)
+            _live.add(proc)
+        returncode = None
+        try:
+            out, _ = proc.communicate(timeout=timeout)
+            returncode = proc.returncode
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)      # the whole group: pytest and anything it started
+            out, _ = proc.communicate()
+        finally:
+            with _live_lock:
+                _live.discard(proc)
         if _stopping.is_set():
             raise Interrupted("interrupted")
-        proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                text=True, start_new_session=True)
-        _live.add(proc)
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)      # the whole group: pytest and anything it started
-        out, _ = proc.communicate()
-        return Outcome("timeout", None, time.monotonic() - t0, out[-2000:])
-    finally:
-        with _live_lock:
-            _live.discard(proc)
-    if _stopping.is_set():
-        raise Interrupted("interrupted")
+        status, node, reason = classify(returncode, _read_records(records))
     secs = time.monotonic() - t0
     tail = out[-2000:]
-    skipped = sum(int(n) for n in re.findall(r"(\d+) skipped", out.splitlines()[-1] if out.strip() else ""))
-    if proc.returncode == 0:
-        return Outcome("passed", None, secs, tail, skipped)
-    first = _first_failure(out)
-    if proc.returncode in (1, 2) and first is not None:
-        return Outcome("failed", first, secs, tail)
-    return Outcome("error", None, secs, tail)
+    skipped = 0
+    if status == "passed":
+        last = out.strip().splitlines()[-1] if out.strip() else ""
+        skipped = sum(int(n) for n in re.findall(r"(\d+) skipped", last))
+    return Outcome(status, node, secs, tail, skipped, reason)
 
 
-def run_mutant(m: Mutant, timeout: float = DEFAULT_TIMEOUT, root: Path = PROJECT_ROOT) -> tuple[str, str, float]:
-    """Apply `m` to a fresh copy of `root` and run its checks.
+VERDICTS = ("caught", "INCONCLUSIVE", "SURVIVED", "EQUIVALENT")
 
-    Returns ``(verdict, detail, seconds)`` with verdict ``caught``, ``SURVIVED``, ``EQUIVALENT`` (an
-    argued-equivalent mutant that survived) or ``BROKEN`` (the mutant or its checks cannot be run).
+
+def run_mutant(m: Mutant, timeout: float = DEFAULT_TIMEOUT, root: Path = PROJECT_ROOT,
+               seed: Path | None = None) -> tuple[str, str, float]:
+    """Apply `m` to a fresh copy of `root` and run its checks there.
+
+    The copy's build directory is seeded from `seed` (default: the project's build directory, read only).
+    Returns ``(verdict, detail, seconds)`` with a verdict of `VERDICTS` (see the module doc).
     """
     t0 = time.monotonic()
     try:
         text = mutated_source(m, root)
     except ValueError as e:
-        return "BROKEN", str(e), 0.0
+        return "INCONCLUSIVE", f"the mutant cannot be applied: {e}", 0.0
+    if m.equivalent and not m.shown_by:
+        return "INCONCLUSIVE", "argued equivalent, but no test demonstrates it (shown_by is not set)", 0.0
     with tempfile.TemporaryDirectory(prefix="ga2-mutant-") as tmp:
         copy = copy_project(Path(tmp) / "project", root)
+        build = seed_build(copy / "build", project_build_dir(root) if seed is None else seed)
+        if m.equivalent:
+            # the demonstration reads the original file, so it runs before the mutant is written
+            shown = run_checks(copy, [m.shown_by], timeout, build_dir=build)
+            if shown.status != "passed":
+                why = shown.reason or f"{shown.first_failure} failed"
+                return "INCONCLUSIVE", f"the equivalence test {m.shown_by} does not pass: {why}", \
+                    time.monotonic() - t0
         (copy / m.file).write_text(text)
-        # The Verilator model depends on hdl/ only: other mutants reuse the project's cached build, a
-        # hardware mutant builds its own model inside the copy (and it is deleted with the copy).
-        build = copy / "build" if m.file.startswith("hdl/") else project_build_dir(root)
         res = run_checks(copy, m.checks, timeout, build_dir=build)
     secs = time.monotonic() - t0
     if res.status == "failed":
-        return "caught", f"by {res.first_failure}", secs
-    if res.status == "timeout":
-        return "caught", f"by the time limit ({timeout:.0f} s)", secs
+        claim = " (although argued equivalent)" if m.equivalent else ""
+        return "caught", f"by {res.first_failure}{claim}", secs
     if res.status == "passed":
         if m.equivalent:
-            return "EQUIVALENT", f"because {m.equivalent}", secs
+            return "EQUIVALENT", f"because {m.equivalent} (shown by {m.shown_by})", secs
         skipped = f" ({res.skipped} skipped)" if res.skipped else ""
         return "SURVIVED", f"every check passed{skipped}: " + " ".join(m.checks), secs
-    last = [ln for ln in res.tail.strip().splitlines() if ln.strip()][-1:] or ["no output"]
-    return "BROKEN", f"pytest did not run the checks: {last[0]}", secs
+    if res.status == "timeout":
+        return "INCONCLUSIVE", f"the time limit ({timeout:.0f} s) ended the checks", secs
+    return "INCONCLUSIVE", res.reason, secs
 
 
-def baseline(mutants, timeout: float, jobs: int, root: Path = PROJECT_ROOT) -> Outcome:
-    """Run the union of the mutants' checks on an unmutated copy of `root`."""
-    checks = list(dict.fromkeys(c for m in mutants for c in m.checks))
+def baseline(mutants, timeout: float, jobs: int, root: Path = PROJECT_ROOT, build: Path | None = None) -> Outcome:
+    """Run the union of the mutants' checks and equivalence tests on an unmutated copy of `root`.
+
+    `build` is the run's private build directory (seeded from the project's, read only); the models the
+    baseline builds there seed every mutant's copy.
+    """
+    checks = list(dict.fromkeys(c for m in mutants for c in m.checks + ((m.shown_by,) if m.shown_by else ())))
     with tempfile.TemporaryDirectory(prefix="ga2-mutant-base-") as tmp:
         copy = copy_project(Path(tmp) / "project", root)
-        return run_checks(copy, checks, timeout * 2, workers=jobs, build_dir=project_build_dir(root))
+        if build is None:
+            build = copy / "build"
+        seed_build(build, project_build_dir(root))
+        return run_checks(copy, checks, timeout * 2, workers=jobs, build_dir=build)
 
 
 # ---- command line ------------------------------------------------------------------------------------------
@@ -439,11 +607,11 @@ def main(argv=None) -> int:
         for i, m in chosen:
             problem = anchor_problem(m)
             print(_label(i, m) + (f"  [argued equivalent]" if m.equivalent else "")
-                  + (f"  [BROKEN: {problem}]" if problem else ""))
+                  + (f"  [cannot be applied: {problem}]" if problem else ""))
             print(f"{'':12s}{m.file}: {m.anchor.strip()!r} -> {m.replacement.strip()!r}")
             print(f"{'':12s}checks: {' '.join(m.checks)}")
             if m.equivalent:
-                print(f"{'':12s}equivalent because {m.equivalent}")
+                print(f"{'':12s}equivalent because {m.equivalent}; shown by {m.shown_by or 'no test'}")
         return 0
 
     t_start = time.monotonic()
@@ -466,29 +634,36 @@ def main(argv=None) -> int:
 
 def _run(chosen, args, pool, t_start) -> int:
     print("NOTE: each mutant deliberately breaks a copy of the project; 'caught' is the expected answer.")
-    base = baseline([m for _, m in chosen], args.timeout, args.jobs)
-    if base.status != "passed":
-        print(f"the unmutated project does not pass the checks ({base.status}"
-              f"{', first failure ' + base.first_failure if base.first_failure else ''}):")
-        print(base.tail)
-        return 1
-    print(f"unmutated project passes the checks: yes ({base.seconds:.0f} s)")
+    with tempfile.TemporaryDirectory(prefix="ga2-mutant-build-") as tmp:
+        # one private build for the run: the baseline fills it, every mutant starts from a copy of it
+        build = Path(tmp) / "build"
+        base = baseline([m for _, m in chosen], args.timeout, args.jobs, build=build)
+        if base.status != "passed":
+            print(f"the unmutated project does not pass the checks ({base.status}"
+                  f"{', first failure ' + base.first_failure if base.first_failure else ''}"
+                  f"{': ' + base.reason if base.reason else ''}):")
+            print(base.tail)
+            return 1
+        print(f"unmutated project passes the checks: yes ({base.seconds:.0f} s)")
 
-    counts = {"caught": 0, "SURVIVED": 0, "EQUIVALENT": 0, "BROKEN": 0}
-    results = pool.map(lambda im: run_mutant(im[1], args.timeout), chosen)
-    for (i, m), (verdict, detail, secs) in zip(chosen, results):
-        counts[verdict] += 1
-        if verdict == "EQUIVALENT":
-            print(f"EQUIVALENT: {_label(i, m)}: survives {detail}", flush=True)
-        else:
-            print(f"{verdict:9s}{_label(i, m)}  ({detail}, {secs:.1f} s)", flush=True)
+        counts = dict.fromkeys(VERDICTS, 0)
+        inconclusive = []
+        results = pool.map(lambda im: run_mutant(im[1], args.timeout, seed=build), chosen)
+        for (i, m), (verdict, detail, secs) in zip(chosen, results):
+            counts[verdict] += 1
+            if verdict == "INCONCLUSIVE":
+                inconclusive.append((i, m, detail))
+            print(f"{verdict:13s}{_label(i, m)}  ({detail}, {secs:.1f} s)", flush=True)
 
-    broken = len(chosen) - counts["EQUIVALENT"]
-    if counts["EQUIVALENT"]:
-        print(f"{counts['EQUIVALENT']} mutant(s) argued equivalent above: run, not counted as broken versions")
+    if inconclusive:
+        print(f"{len(inconclusive)} inconclusive (neither caught nor survived; fix the run or the checks):")
+        for i, m, detail in inconclusive:
+            print(f"  {_label(i, m)}: {detail}")
     print(f"wall time {time.monotonic() - t_start:.0f} s")
-    print(f"{counts['caught']} of {broken} broken versions caught")
-    return 0 if counts["caught"] == broken else 1
+    print(f"{len(chosen)} mutants: {counts['caught']} caught, {counts['INCONCLUSIVE']} inconclusive, "
+          f"{counts['SURVIVED']} survived, {counts['EQUIVALENT']} equivalent")
+    return 0 if counts["caught"] + counts["EQUIVALENT"] == len(chosen) else 1
+
 
 if __name__ == "__main__":
     sys.exit(main())
