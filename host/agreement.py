@@ -6,7 +6,6 @@ interpreter stands in for the chip, whose readback equals it exactly.
 """
 from __future__ import annotations
 
-import argparse
 import math
 import sys
 
@@ -15,7 +14,7 @@ import compiler as C
 from .calibrate import calibrate
 from .tiny_lm import V, argmax, build_graph, float_generate, float_step, make_model
 
-__all__ = ["agreement_study", "decode_forced", "rel_rms", "main"]
+__all__ = ["agreement_study", "decode_forced", "rel_rms", "MAX_STEPS", "build_parser", "main"]
 
 
 def rel_rms(got, ref) -> float:
@@ -51,15 +50,18 @@ def decode_forced(m, programs, start, steps, backend=None):
         yield L, out["tok"][0][0][0], out["logits"][1][0], ftoks[L], flog
 
 
-def agreement_study(seeds=(1, 2, 3), starts=range(V), steps: int = 12, backend=None) -> dict:
+def agreement_study(seeds=(1, 2, 3), starts=range(V), steps: int = 12, backend=None, progress=None) -> dict:
     """Agreement of the chip's token with the float token and the relative RMS logit error.
 
     Each random model is calibrated with ``calibrate(m, steps)`` (Chapter 12) and one program per
     context 1..steps is compiled with those samples and ranges. Returns a dict with ``agree``,
-    ``total``, ``mean_err``, ``worst_err`` and the per-decision ``errors``.
+    ``total``, ``mean_err``, ``worst_err`` and the per-decision ``errors``. ``progress(done, total)``,
+    if given, is called after each decoded (seed, start) pair.
     """
     agree = total = 0
     errors = []
+    starts = list(starts)
+    done, runs = 0, len(seeds) * len(starts)
     for seed in seeds:
         m = make_model("random", seed)
         calib, ranges = calibrate(m, steps)
@@ -69,21 +71,40 @@ def agreement_study(seeds=(1, 2, 3), starts=range(V), steps: int = 12, backend=N
                 agree += ctok == ftok
                 total += 1
                 errors.append(rel_rms(clog, flog))
+            done += 1
+            if progress is not None:
+                progress(done, runs)
     return {"agree": agree, "total": total, "mean_err": sum(errors) / len(errors),
             "worst_err": max(errors), "errors": errors}
 
 
+MAX_STEPS = 64      # context L compiles a matmul of inner dimension L; the matrix unit's is at most 64
+
+
+def build_parser():
+    # the command line is shared by every command of the project (sim.cli); the study itself above
+    # imports nothing from sim/
+    from sim.cli import Parser, int_range
+    p = Parser("python -m host.agreement",
+               "The chip-against-float agreement study (model spec 6.1): random models, teacher-forced on the "
+               "float model's tokens, the chip's token compared with the float token at every step of every "
+               "start; the integer interpreter stands in for the chip. The book's figure: 559/576 with the "
+               "default options (about 10 s); time grows with seeds x steps^2.",
+               "python -m host.agreement --steps 12 --seeds 1 2 3")
+    p.add_argument("--steps", type=int_range(1, MAX_STEPS), default=12, metavar="N",
+                   help=f"decode steps per start, 1..{MAX_STEPS} (the chip's longest context)")
+    p.add_argument("--seeds", type=int_range(0, 2**32 - 1), nargs="+", default=[1, 2, 3], metavar="S",
+                   help="random-model seeds")
+    return p
+
+
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m host.agreement", description=__doc__.splitlines()[0])
-    ap.add_argument("--steps", type=int, default=12, help="decode steps per start (default 12)")
-    ap.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3], help="random-model seeds")
-    a = ap.parse_args(argv)
-    if a.steps < 1:
-        print(f"error: --steps {a.steps} must be at least 1", file=sys.stderr)
-        return 2
+    from sim.cli import Progress
+    a = build_parser().parse_args(argv)
     # the integer interpreter stands in for the chip here (host/ never imports a simulator); pass a
     # backend to agreement_study to run the programs on one
-    r = agreement_study(tuple(a.seeds), range(V), a.steps)
+    with Progress("agreement", unit="decode") as bar:
+        r = agreement_study(tuple(a.seeds), range(V), a.steps, progress=bar)
     print(f"random models {a.seeds} x {V} starts x {a.steps} steps, teacher-forced on the float tokens")
     print(f"{'agreement':>12s} {'mean rel. RMS logit error':>26s} {'worst':>8s}")
     print(f"{r['agree']:5d}/{r['total']:<6d} {100 * r['mean_err']:25.1f}% {100 * r['worst_err']:7.1f}%")
@@ -91,4 +112,5 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from sim.cli import guarded
+    sys.exit(guarded(main))

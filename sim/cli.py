@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import time
 
@@ -62,6 +63,8 @@ def guarded(main, argv=None) -> int:
     """Run `main(argv)` and map the project's errors to a one-line message and exit status 2."""
     try:
         return main(argv) or 0
+    except SystemExit as e:         # the parser's own exit (--help: 0, a bad option: 2, already printed)
+        return e.code if isinstance(e.code, int) else 0 if e.code is None else 1
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
@@ -89,6 +92,9 @@ class _Formatter(argparse.RawDescriptionHelpFormatter):
         return f"{text} (default: {shown})"
 
 
+_INVALID_CHOICE = re.compile(r"argument (?P<option>[^:]+): invalid choice: (?P<value>.*) \(choose from (?P<choices>.*)\)")
+
+
 class Parser(argparse.ArgumentParser):
     """The parser of every command: description, example, defaults in --help, errors in one line.
 
@@ -113,7 +119,15 @@ class Parser(argparse.ArgumentParser):
 
     def error(self, message):
         """One line on stderr and exit status 2 (argparse's own errors: unknown option, bad value)."""
-        self.exit(2, f"error: {message.splitlines()[0] if message else 'bad command line'}\n")
+        message = message.splitlines()[0] if message else "bad command line"
+        m = _INVALID_CHOICE.fullmatch(message)
+        if m:       # the project's wording for a bad choice, the same as the commands' own checks
+            choices = ", ".join(c.strip().strip("'") for c in m["choices"].split(","))
+            message = f"{m['option']} must be one of {choices}, got {m['value']}"
+        elif message.startswith("argument "):
+            # "argument --steps: must be ..." -> "--steps must be ...": the option first, as in our own checks
+            message = re.sub(r"^(\S+): (must|expected) ", r"\1 \2 ", message[len("argument "):])
+        self.exit(2, f"error: {message}\n")
 
 
 def int_range(lo: int | None = None, hi: int | None = None):
@@ -183,8 +197,9 @@ def output_file(text: str) -> str:
 
 
 def output_dir(text: str) -> str:
-    """An argparse type for a directory the command will write into: it exists and is writable, or its
-    parent does (the command then creates this one level only, and says so; never a deep tree)."""
+    """An argparse type for a directory the command will write into: it exists and is writable, or the
+    nearest existing directory above it is (the command then creates the missing levels with `make_dir`,
+    which says so)."""
     if not text:
         raise argparse.ArgumentTypeError("an empty path")
     if os.path.exists(text) and not os.path.isdir(text):
@@ -193,20 +208,22 @@ def output_dir(text: str) -> str:
         if not _writable_dir(text):
             raise argparse.ArgumentTypeError(f"directory {text} is not writable")
         return text
-    parent = os.path.dirname(os.path.abspath(text))
-    if not os.path.isdir(parent):
-        raise argparse.ArgumentTypeError(f"directory {parent} does not exist (only the last level is "
-                                         "created)")
-    if not _writable_dir(parent):
-        raise argparse.ArgumentTypeError(f"directory {parent} is not writable")
+    above = os.path.dirname(os.path.abspath(text))
+    while not os.path.exists(above):
+        above = os.path.dirname(above)
+    if not os.path.isdir(above):
+        raise argparse.ArgumentTypeError(f"{above} is a file, so {text} cannot be created")
+    if not _writable_dir(above):
+        raise argparse.ArgumentTypeError(f"directory {above} is not writable, so {text} cannot be created")
     return text
 
 
 def make_dir(path, out=None) -> None:
-    """Create the output directory `path` (one level, its parent was checked) and say so."""
+    """Create the output directory `path` and the missing levels above it (checked by `output_dir`), and
+    say so: a mistyped path must not become a silent tree."""
     path = os.fspath(path)
     if not os.path.isdir(path):
-        os.mkdir(path)
+        os.makedirs(path)
         print(f"created directory {path}", file=out or sys.stdout)
 
 

@@ -7,7 +7,6 @@ toolchain, no programmer); nextpnr's Fmax and utilization are printed and saved 
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
@@ -17,10 +16,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from sim.cli import UsageError, guarded
+from sim.cli import Parser, UsageError, guarded, int_range, make_dir, output_dir, write_json, write_text
 
 __all__ = ["BOARDS", "DecodeStep", "decode_step", "make_top", "platform_for", "toolchain_env", "build",
-           "summarize_report", "main"]
+           "summarize_report", "build_parser", "main"]
 
 BOARDS = {"ulx3s-85f": ("amaranth_boards.ulx3s", "ULX3S_85F_Platform")}
 DESIGN_NAME = "ga2_ulx3s"
@@ -182,28 +181,31 @@ def format_summary(s: dict) -> str:
     return "\n".join(lines)
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse with its errors in one line (``error: ...``, status 2), like every command here."""
-
-    def error(self, message):
-        self.exit(2, f"error: {message}\n")
+def build_parser() -> Parser:
+    p = Parser("python -m sim.fpga",
+               "Build a bitstream for a real board: the chip with one compiled decode step in its ROM, run out "
+               "of reset, the token on the LEDs. YoWASP's Yosys, nextpnr-ecp5 and ecppack do the work (needs "
+               "pip install -e '.[synth]'); about 10 minutes. Prints Fmax and utilization and writes them "
+               "into the build directory.",
+               "python -m sim.fpga --board ulx3s-85f --build-dir build/fpga")
+    p.add_argument("--board", required=True, metavar="BOARD", help=f"the board: {', '.join(BOARDS)}")
+    p.add_argument("--build-dir", type=output_dir, default=os.path.join("build", "fpga"), metavar="DIR",
+                   help="where amaranth writes the build and the reports (created if missing)")
+    p.add_argument("--seed", type=int_range(1, 2**31 - 1), default=1, metavar="S", help="nextpnr placement seed")
+    return p
 
 
 def main(argv=None) -> int:
-    ap = _Parser(prog="python -m sim.fpga", description=__doc__.splitlines()[0])
-    ap.add_argument("--board", required=True, help=f"the board: {', '.join(BOARDS)}")
-    ap.add_argument("--build-dir", type=Path, default=Path("build/fpga"), metavar="DIR",
-                    help="where amaranth writes the build and the reports (default build/fpga)")
-    ap.add_argument("--seed", type=int, default=1, help="nextpnr placement seed (default 1)")
-    args = ap.parse_args(argv)
+    args = build_parser().parse_args(argv)
     if args.board not in BOARDS:
         raise UsageError(f"unknown board {args.board!r}; known: {', '.join(BOARDS)}")
-    summary = build(args.board, args.build_dir, seed=args.seed)
+    build_dir = Path(args.build_dir)
+    make_dir(build_dir)
+    summary = build(args.board, build_dir, seed=args.seed)
     text = format_summary(summary)
     print(text)
-    (args.build_dir / "fpga_report.json").write_text(json.dumps(summary, indent=1))
-    (args.build_dir / "fpga_report.txt").write_text(text + "\n")
-    print(f"wrote {args.build_dir / 'fpga_report.json'} and {args.build_dir / 'fpga_report.txt'}")
+    write_json(build_dir / "fpga_report.json", summary)
+    write_text(build_dir / "fpga_report.txt", text + "\n")
     return 0
 
 

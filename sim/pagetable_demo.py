@@ -6,12 +6,11 @@ Instant; ``--json PATH`` also writes the events as JSON.
 """
 from __future__ import annotations
 
-import argparse
-import json
 import sys
 
 from host.pagetable import PageTable
 from host.window import gather_bounds, trim_point
+from sim.cli import Parser, guarded, output_file, write_json
 
 POOL, PAGE, WINDOW, STEPS = 8, 4, 6, 14
 
@@ -76,23 +75,26 @@ def report(log: list[dict], ev: dict) -> list[str]:
     return out
 
 
+def build_parser() -> Parser:
+    p = Parser("python -m sim.pagetable_demo",
+               f"Example A of the chapter, event by event: part 1 one request decodes {STEPS} tokens with pages "
+               f"of {PAGE} rows, a window of {WINDOW} tokens and a pool of {POOL} pages; part 2 a request is "
+               "forked, appends one row (copy on write) and is released. Instant.",
+               "python -m sim.pagetable_demo --json out/example_a.json")
+    p.add_argument("--json", type=output_file, metavar="PATH", help="also write the events to PATH as JSON")
+    return p
+
+
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m sim.pagetable_demo", description=__doc__.splitlines()[0])
-    ap.add_argument("--json", metavar="PATH", help="also write the events to PATH as JSON")
-    args = ap.parse_args(argv)
+    args = build_parser().parse_args(argv)
     log, ev = windowed_request(), fork_and_write()
     print("\n".join(report(log, ev)))
     if args.json:
-        try:
-            with open(args.json, "w") as fh:
-                json.dump({"log": log, "fork": {k: {kk: ({str(p): c for p, c in vv.items()} if isinstance(vv, dict)
-                                                         else vv) for kk, vv in v.items()}
-                                                for k, v in ev.items()}}, fh, indent=1)
-        except OSError as e:
-            print(f"error: cannot write {args.json}: {e.strerror}", file=sys.stderr)
-            return 2
+        write_json(args.json, {"log": log, "fork": {k: {kk: ({str(p): c for p, c in vv.items()} if isinstance(vv, dict)
+                                                               else vv) for kk, vv in v.items()}
+                                                      for k, v in ev.items()}})
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(guarded(main))

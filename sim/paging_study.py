@@ -8,7 +8,6 @@ figures into ``--out DIR``; with ``decode_none.json``, ``decode_8.json``, ``deco
 """
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
@@ -16,7 +15,7 @@ import random
 import sys
 
 from host.pagetable import OutOfPages, PageTable
-from sim.cli import UsageError
+from sim.cli import Parser, UsageError, guarded, make_dir, output_dir, write_json
 
 CAP = 8192                  # part 1: pool of cache rows
 LONGEST = 2048              # part 1: longest allowed request, what a contiguous scheme must reserve
@@ -305,7 +304,7 @@ def load_decodes(out_dir) -> dict | None:
             with open(p) as fh:
                 cycles[w] = [int(rec["counters"][0]) for rec in json.load(fh)["records"]]
         except (ValueError, KeyError, TypeError, IndexError) as e:
-            raise ValueError(f"{p} is not a decode JSON file ({type(e).__name__}: {e})") from None
+            raise StudyError(f"{p} is not a decode JSON file ({type(e).__name__}: {e})") from None
     return cycles
 
 
@@ -325,7 +324,7 @@ def fig_cycles(cycles, path):
 
 
 # ---- command -------------------------------------------------------------------------------------------
-class StudyError(ValueError):
+class StudyError(UsageError):
     """Bad command-line input for the study (one line)."""
 
 
@@ -339,23 +338,56 @@ def parse_parts(text: str) -> list[int]:
     return parts
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m sim.paging_study", description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default="out", metavar="DIR", help="where the JSON and PNG files go (default out)")
-    ap.add_argument("--parts", default="1,2,3,4", help="which parts to run, e.g. 1,2,4 (part 3 takes ~10 s)")
-    ap.add_argument("--no-figures", action="store_true", help="print and write JSON only")
-    args = ap.parse_args(argv)
+def run_decodes(out_dir, missing, out=sys.stdout) -> None:
+    """Run the decodes of `missing` (keys of DECODE_FILES) on the reference machine, as ``sim.decode
+    --sim reference --json DIR/decode_W.json`` would, and write their JSON files into `out_dir`."""
+    import io
+
+    from sim import decode
+    for w in missing:
+        path = os.path.join(out_dir, DECODE_FILES[w])
+        a = decode.build_parser().parse_args(["--window", w, "--sim", "reference", "--quiet", "--json", path])
+        decode.check_args(a)
+        print(f"decode with window {w} on the reference machine (its file was missing) ...", file=out, flush=True)
+        write_json(path, decode.run_decode(a, out=io.StringIO()), out=out)
+
+
+def build_parser() -> Parser:
+    p = Parser("python -m sim.paging_study",
+               "Example B of the chapter: part 1 memory (contiguous reservation against pages), part 2 prefix "
+               "sharing with copy-on-write, part 3 the accuracy a window costs (about 10 s), part 4 serving "
+               "arithmetic. Prints the tables, writes paging_study.json and the PNG figures into --out; the "
+               "cycles-per-step figure comes from decode_none.json, decode_8.json and decode_4.json in --out "
+               "(written by sim.decode --json, or run here on the reference machine when missing). Results of "
+               "parts not run this time are kept in paging_study.json.",
+               "python -m sim.paging_study --out docs/figures\npython -m sim.paging_study --out out --parts 1,2 "
+               "--no-figures")
+    p.add_argument("--out", type=output_dir, default="out", metavar="DIR",
+                   help="where the JSON and PNG files go (created if missing)")
+    p.add_argument("--parts", default="1,2,3,4", metavar="LIST",
+                   help="which parts to run, e.g. 1,2,4 (part 3 takes ~10 s)")
+    p.add_argument("--no-figures", action="store_true",
+                   help="print and write JSON only (no matplotlib needed, no decodes run)")
+    return p
+
+
+def _previous_results(path) -> dict:
+    """The results already in paging_study.json (other parts' runs), or {} if there is none readable."""
     try:
-        parts = parse_parts(args.parts)
-        if not args.no_figures:
-            _plt()                      # say now, not after the tables, if matplotlib is missing
-        os.makedirs(args.out, exist_ok=True)
-    except (StudyError, UsageError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    except OSError as e:
-        print(f"error: cannot create --out {args.out}: {e.strerror}", file=sys.stderr)
-        return 2
+        with open(path) as fh:
+            doc = json.load(fh)
+    except (OSError, ValueError):
+        return {}
+    return doc if isinstance(doc, dict) else {}
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    parts = parse_parts(args.parts)
+    if not args.no_figures:
+        _plt()                      # say now, not after the tables, if matplotlib is missing
+    make_dir(args.out)
+    cycles = load_decodes(args.out)     # a bad decode file is refused before any work
     studies = {1: ("memory", memory_study, table_memory, fig_memory),
                2: ("sharing", sharing_study, table_sharing, fig_sharing),
                3: ("window", window_study, table_window, fig_window),
@@ -369,11 +401,10 @@ def main(argv=None) -> int:
             path = os.path.join(args.out, f"paging_{key}.png")
             fig(results[key], path)
             written.append(path)
-    try:
+    if cycles is None and not args.no_figures:
+        missing = [w for w, name in DECODE_FILES.items() if not os.path.exists(os.path.join(args.out, name))]
+        run_decodes(args.out, missing)
         cycles = load_decodes(args.out)
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
     if cycles is not None:
         results["cycles"] = cycles
         print("cycles per step from the decode files: " + "; ".join(
@@ -384,15 +415,17 @@ def main(argv=None) -> int:
             fig_cycles(cycles, path)
             written.append(path)
     else:
-        print(f"(no decode_none/8/4.json in {args.out}: run python -m sim.decode --json to add the cycles figure)")
+        print(f"(no decode_none/8/4.json in {args.out}: run python -m sim.decode --json, or this command without "
+              "--no-figures, to add the cycles figure)")
     path = os.path.join(args.out, "paging_study.json")
-    with open(path, "w") as fh:
-        json.dump({k: ({str(kk): vv for kk, vv in v.items()} if isinstance(v, dict) else v)
-                   for k, v in results.items()}, fh, indent=1)
+    doc = _previous_results(path)
+    doc.update({k: ({str(kk): vv for kk, vv in v.items()} if isinstance(v, dict) else v)
+                for k, v in results.items()})
+    write_json(path, doc, say=False)
     written.append(path)
     print("wrote " + ", ".join(written))
     return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(guarded(main))

@@ -7,10 +7,8 @@ nextpnr-ecp5 reports after placing and routing the block out of context (``--no-
 """
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import json
-import os
 import re
 import subprocess
 import sys
@@ -19,10 +17,10 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from sim.cli import UsageError, guarded
+from sim.cli import Parser, UsageError, guarded, make_dir, output_dir, output_file, write_json
 
 __all__ = ["TARGETS", "ToolMissing", "SynthError", "Row", "require_tools", "yosys_script", "synthesize",
-           "synthesize_block", "summarize", "format_table", "main"]
+           "synthesize_block", "summarize", "format_table", "build_parser", "main"]
 
 TARGETS = ("generic", "ecp5", "ice40")
 INSTALL_HINT = "pip install -e '.[synth]'"
@@ -260,22 +258,27 @@ def format_table(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
-class _Parser(argparse.ArgumentParser):
-    """argparse with its errors in one line (``error: ...``, status 2), like every command here."""
-
-    def error(self, message):
-        self.exit(2, f"error: {message}\n")
+def build_parser() -> Parser:
+    p = Parser("python -m sim.synth",
+               "Synthesize every block of sim.verilog.BLOCKS and the chip with YoWASP's Yosys and print LUTs, "
+               "flip-flops, carries, DSPs, block and LUT RAM and the longest path per block (needs "
+               f"{INSTALL_HINT}). Slow: the generic target ~24 min, ecp5 with place and route ~25 min; "
+               "--only for a few blocks.",
+               "python -m sim.synth --target ecp5 --only requant divider --json synth.json")
+    p.add_argument("--target", default="generic", choices=TARGETS,
+                   help="generic (4-LUTs), ecp5 or ice40")
+    p.add_argument("--only", nargs="+", metavar="NAME", help="these blocks only (default: every block)")
+    p.add_argument("--json", type=output_file, metavar="PATH",
+                   help="also write every row, with all cell counts, as JSON")
+    p.add_argument("--no-pnr", action="store_true",
+                   help="ecp5: skip the out-of-context place and route (no Fmax; much faster)")
+    p.add_argument("--keep", metavar="DIR", type=output_dir,
+                   help="keep each block's RTLIL, netlist and logs here (created if missing)")
+    return p
 
 
 def main(argv=None) -> int:
-    ap = _Parser(prog="python -m sim.synth", description=__doc__.splitlines()[0])
-    ap.add_argument("--target", default="generic", help="generic (4-LUTs), ecp5 or ice40 (default generic)")
-    ap.add_argument("--only", nargs="+", metavar="NAME", help="these blocks only (default: every block)")
-    ap.add_argument("--json", metavar="PATH", help="also write every row, with all cell counts, as JSON")
-    ap.add_argument("--no-pnr", action="store_true",
-                    help="ecp5: skip the out-of-context place and route (no Fmax; much faster)")
-    ap.add_argument("--keep", metavar="DIR", type=Path, help="keep each block's RTLIL, netlist and logs here")
-    args = ap.parse_args(argv)
+    args = build_parser().parse_args(argv)
     from sim.verilog import BLOCKS
     if args.target not in TARGETS:
         raise UsageError(f"--target must be one of {', '.join(TARGETS)}, got {args.target!r}")
@@ -283,17 +286,17 @@ def main(argv=None) -> int:
     for name in names:
         if name not in BLOCKS:
             raise UsageError(f"unknown block {name!r} in --only; known: {', '.join(BLOCKS)}")
-    if args.json and not Path(args.json).resolve().parent.is_dir():
-        raise UsageError(f"--json: directory {Path(args.json).resolve().parent} does not exist")
     pnr = args.target == "ecp5" and not args.no_pnr
     require_tools(pnr)
+    if args.keep:
+        make_dir(args.keep)
 
     print(f"Yosys synthesis, target {args.target}" +
           (f"; Fmax from nextpnr-ecp5 out of context (LFE5U-85F, {PNR_FREQ_MHZ} MHz asked)" if pnr else ""))
     print(format_table([]))
     rows = []
     for name in names:
-        row = synthesize_block(name, args.target, pnr=pnr, keep=args.keep)
+        row = synthesize_block(name, args.target, pnr=pnr, keep=Path(args.keep) if args.keep else None)
         rows.append(row)
         print(format_table([row]).splitlines()[1], flush=True)
     if args.target == "generic":
@@ -304,11 +307,7 @@ def main(argv=None) -> int:
     if args.json:
         doc = {"target": args.target, "command": "python -m sim.synth " + " ".join(argv or sys.argv[1:]),
                "rows": [asdict(r) | {"path": r.path} for r in rows]}
-        tmp = args.json + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump(doc, f, indent=1)
-        os.replace(tmp, args.json)
-        print(f"wrote {args.json}")
+        write_json(args.json, doc)
     return 0
 
 

