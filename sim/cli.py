@@ -75,8 +75,16 @@ def guarded(main, argv=None) -> int:
 
 # ---- the parser ----------------------------------------------------------------------------------------
 
-class _Formatter(argparse.RawDescriptionHelpFormatter):
-    """Keeps the example's line breaks and shows a default for every option that does not say it."""
+class _Formatter(argparse.HelpFormatter):
+    """Wraps each paragraph of the description, keeps the example's lines as they are, and shows a
+    default for every option that does not say it."""
+
+    def _fill_text(self, text, width, indent):
+        import textwrap
+        paragraphs = text.split("\n\n")
+        return "\n\n".join(p if p.startswith("example:") else
+                            textwrap.fill(" ".join(p.split()), width, initial_indent=indent,
+                                          subsequent_indent=indent) for p in paragraphs)
 
     def _get_help_string(self, action):
         text = action.help or ""

@@ -10,76 +10,53 @@ tokens, the programs compiled, the pages in use and the per-step cycle counters.
 """
 from __future__ import annotations
 
-import argparse
-import json
-import os
 import sys
 import time
 
-from sim.cli import UsageError, guarded, Progress
+from sim.backend import MAX_LAT
+from sim.cli import (Parser, Progress, UsageError, guarded, int_range, output_file, sim_option, window,
+                     write_json)
 
-MAX_CONTEXT = 64            # a matmul's inner dimension K is at most 64 on the chip (p . V has K = context)
-SIMULATORS = ("reference", "amaranth", "verilator")
+from host.paged import MAX_CONTEXT, check_decode     # the chip's context limit and the pool's need, defined once
 DEFAULT_SIM = "amaranth"
 
 
-def _window(text: str):
-    if text.lower() == "none":
-        return None
-    try:
-        w = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"window must be 'none' or a whole number >= 1, got {text!r}")
-    if w < 1:
-        raise argparse.ArgumentTypeError(f"window must be 'none' or a whole number >= 1, got {w}")
-    return w
+MAX_STEPS = 1024            # calibration decodes every step from all 16 start tokens: keep a run in minutes
+
+TABLE_HELP = ("columns: step = L, the tokens in the cache after the step; ctx = the context the step's program "
+              "attends, min(L, W); tok = the token produced; pages = pages the request holds while the step runs "
+              "(its cached rows, before the new row is appended); "
+              "total = the step's chip cycles; mm, dma, vec = cycles the matrix unit, the DMA engine and the vector "
+              "units were busy (they overlap, so they do not add up to total); instr = instructions executed")
 
 
-def _positive(name):
-    def parse(text):
-        try:
-            v = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{name} must be a whole number >= 1, got {text!r}")
-        if v < 1:
-            raise argparse.ArgumentTypeError(f"{name} must be a whole number >= 1, got {v}")
-        return v
-    return parse
-
-
-class _Parser(argparse.ArgumentParser):
-    """argparse that reports bad input in one line and exits with status 2."""
-
-    def error(self, message):
-        self.exit(2, f"error: {message}\n")
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(
-        prog="python -m sim.decode",
-        description="Decode tokens with the tiny language model on the GA-2 chip, its KV cache held in pages "
-                    "and (optionally) limited to a sliding window. Prints the tokens, the programs compiled, "
-                    "the pages in use and the chip's five cycle counters per step.",
-        epilog="Example: python -m sim.decode --window 4 --steps 32 --sim reference --json out/w4.json")
-    p.add_argument("--window", type=_window, default=None, metavar="{none|N}",
+def build_parser() -> Parser:
+    p = Parser(
+        "python -m sim.decode",
+        "Decode tokens with the tiny language model on the GA-2 chip, its KV cache held in pages and "
+        "(optionally) limited to a sliding window. Prints the tokens, the programs compiled, the pages in use "
+        "and the chip's five cycle counters per step.\n\n" + TABLE_HELP + ".",
+        "python -m sim.decode --window 4\n"
+        "python -m sim.decode --window 4 --steps 32 --sim reference --json out/w4.json --check")
+    p.add_argument("--window", type=window, default=None, metavar="{none|N}",
                    help="attend the new token and at most N-1 previous ones (default: none, full context)")
-    p.add_argument("--steps", type=_positive("--steps"), default=32, metavar="N",
-                   help="decode steps, i.e. tokens generated (default 32)")
-    p.add_argument("--start", type=int, default=0, metavar="T", help="start token 0..15 (default 0)")
-    p.add_argument("--page", type=_positive("--page"), default=4, metavar="P",
-                   help="cache rows per page (default 4)")
-    p.add_argument("--pages", type=_positive("--pages"), default=64, metavar="N",
-                   help="pages in the pool (default 64)")
+    p.add_argument("--steps", type=int_range(1, MAX_STEPS), default=32, metavar="N",
+                   help=f"decode steps, i.e. tokens generated, 1..{MAX_STEPS}; without a window at most "
+                        f"{MAX_CONTEXT}")
+    p.add_argument("--start", type=int_range(0, 15), default=0, metavar="T", help="start token 0..15")
+    p.add_argument("--page", type=int_range(1, None), default=4, metavar="P", help="cache rows per page")
+    p.add_argument("--pages", type=int_range(1, None), default=64, metavar="N", help="pages in the pool")
     p.add_argument("--model", choices=("structured", "random"), default="structured",
                    help="structured: follows f(t) = 5t+3 mod 16 by design; random: random weights")
     p.add_argument("--seed", type=int, default=None, metavar="S",
                    help="model seed (default 1 for structured, 2 for random)")
-    p.add_argument("--sim", default=DEFAULT_SIM, metavar="{" + "|".join(SIMULATORS) + "}",
-                   help=f"which simulator runs the chip (default {DEFAULT_SIM})")
-    p.add_argument("--lat", type=_positive("--lat"), default=8, metavar="N",
-                   help="external memory read latency in cycles (default 8)")
-    p.add_argument("--json", default=None, metavar="PATH", help="also write the run as JSON to PATH")
-    p.add_argument("--vcd", default=None, metavar="PATH",
+    sim_option(p, DEFAULT_SIM, help="which simulator runs the chip: the instruction-level reference machine, "
+                                    "Amaranth's simulator (~40 s for 32 steps) or the emitted Verilog in Verilator")
+    p.add_argument("--lat", type=int_range(1, MAX_LAT), default=8, metavar="N",
+                   help=f"external memory read latency in cycles, 1..{MAX_LAT}")
+    p.add_argument("--json", type=output_file, default=None, metavar="PATH",
+                   help="also write the run as JSON to PATH")
+    p.add_argument("--vcd", type=output_file, default=None, metavar="PATH",
                    help="with --sim amaranth: write a waveform of the last step's run to PATH (slow, large)")
     p.add_argument("--check", action="store_true",
                    help="also run every step on the reference machine and stop at the first difference, "
@@ -89,21 +66,29 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def check_args(a) -> None:
-    if a.sim not in SIMULATORS:
-        raise UsageError(f"--sim must be one of {', '.join(SIMULATORS)}, got {a.sim!r}")
-    if not 0 <= a.start <= 15:
-        raise UsageError(f"--start must be a token 0..15, got {a.start}")
-    context = a.steps if a.window is None else min(a.steps, a.window)
-    if context > MAX_CONTEXT:
-        raise UsageError(f"a context of {context} tokens exceeds the chip's limit of {MAX_CONTEXT} "
-                         f"(a matmul's K is at most 64): use fewer --steps or a --window of at most {MAX_CONTEXT}")
-    for option, path in (("--json", a.json), ("--vcd", a.vcd)):
-        if path:
-            parent = os.path.dirname(os.path.abspath(path))
-            if not os.path.isdir(parent):
-                raise UsageError(f"{option}: directory {parent} does not exist")
+    """The checks that need more than one option (each option alone is checked by the parser)."""
+    # the context limit, the pool's bounds and the pages this decode needs: refused before any simulation
+    check_decode(a.steps, a.window, a.page, a.pages)
     if a.vcd and a.sim != "amaranth":
         raise UsageError(f"--vcd needs --sim amaranth (the waveform comes from Amaranth's simulator), got --sim {a.sim}")
+
+
+class _Counted:
+    """A backend passed through, counting the runs and the external-memory words they returned (what a
+    passing --check compared)."""
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.runs = self.words = 0
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def run(self, program, image, lat=8):
+        r = self.inner.run(program, image, lat)
+        self.runs += 1
+        self.words += len(r.ext)
+        return r
 
 
 def run_decode(a, out=sys.stdout):
@@ -114,19 +99,18 @@ def run_decode(a, out=sys.stdout):
 
     seed = a.seed if a.seed is not None else (1 if a.model == "structured" else 2)
     backend = get_backend(a.sim, **({"vcd": a.vcd} if a.vcd else {}))
+    counted = None
     if a.check:
         from sim.fuzz import CheckedBackend
-        backend = CheckedBackend(backend)
+        counted = _Counted(backend)
+        backend = CheckedBackend(counted)
     m = T.make_model(a.model, seed)
     t0 = time.perf_counter()
     chip = PagedChip(m, a.steps, a.window, page=a.page, n_pages=a.pages, backend=backend, lat=a.lat)
     t_cal = time.perf_counter() - t0
-    bar = Progress(f"decoding on {a.sim}")
     t1 = time.perf_counter()
-    try:
+    with Progress(f"decoding on {a.sim}") as bar:
         tokens, recs = chip.generate(a.start, a.steps, progress=bar)
-    finally:
-        bar.close()
     t_run = time.perf_counter() - t1
 
     result = {
@@ -170,6 +154,13 @@ def run_decode(a, out=sys.stdout):
     print(f"{'total':>5} {'':>4} {'':>4} {'':>6} {sums[0]:8d} {sums[1]:7d} {sums[2]:7d} {sums[3]:6d} {sums[4]:6d}"
           if not a.quiet else f"total cycles {sums[0]} (mm {sums[1]}, dma {sums[2]}, vec {sums[3]}; {sums[4]} instructions)",
           file=out)
+    if not a.quiet:
+        print("ctx: tokens attended, min(L, W); pages: held while the step runs, before its row is appended; "
+              "mm/dma/vec: busy cycles of the units (they overlap: not parts of total)", file=out)
+    if counted is not None:
+        result["check"] = {"steps": counted.runs, "words": counted.words, "identical": True}
+        print(f"check: {counted.runs} steps compared with the reference machine: all five counters and "
+              f"{counted.words:,} external-memory words identical", file=out)
     rate = sums[0] / t_run if t_run > 0 else float("inf")
     print(f"\ncalibration and compile setup {t_cal:.1f} s; {a.steps} steps simulated in {t_run:.1f} s "
           f"({rate:,.0f} chip cycles/s on {a.sim})", file=out)
@@ -182,11 +173,7 @@ def main(argv=None) -> int:
     check_args(a)
     result = run_decode(a)
     if a.json:
-        tmp = a.json + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump(result, f, indent=1)
-        os.replace(tmp, a.json)          # never leave a half-written file behind
-        print(f"wrote {a.json}")
+        write_json(a.json, result)
     return 0
 
 
