@@ -1,21 +1,22 @@
 """Differential fuzzing: random programs from `sim.progen` on the reference machine and on a backend.
 
-    python -m sim.fuzz --sim verilator --count 200 --seed S [--ext 2048] [--lat 8]
+    python -m sim.fuzz --sim verilator --count 200 --seed S [--first I] [--ext E] [--lat L] [--budget C]
 
-Prints one line per program whose memory or counters differ (with the first differing instruction,
-found by re-running the program's prefixes, and the first differing counter or word) and a summary
-line. Exit status 0 when every program matches, 1 on any mismatch, 2 for bad input.
+By default the programs are the mix of `sim.progen.fuzz_case`: each draws an (EXT, LAT) pair and the knobs
+that push it into the corners (see `MIX_HELP`). Prints one line per program whose memory or counters
+differ (with the first differing instruction, found by re-running the program's prefixes, the first
+differing counter or word, and the command that reproduces that one program) and a summary line.
+Exit status 0 when every program matches, 1 on any mismatch, 2 for bad input.
 """
 from __future__ import annotations
 
 import argparse
-import random
 import sys
 import time
 
 from hdl.isa import describe, halt
 
-from sim.backend import Backend, RunResult, SimError, first_difference, get_backend
+from sim.backend import MAX_CYCLES, Backend, RunResult, SimError, first_difference, get_backend
 from sim.cli import UsageError, guarded
 
 __all__ = ["fuzz", "locate", "run_batch", "CheckedBackend", "main"]
@@ -24,16 +25,17 @@ _HALT = halt().word
 
 
 def run_batch(backend, pairs, lat: int) -> list:
-    """Run ``(program, image)`` pairs; each entry is a `RunResult` or the `SimError` that run raised.
+    """Run ``(program, image[, lat])`` jobs (`lat` is the default); each entry is a `RunResult` or the
+    `SimError` that run raised.
 
     Uses the Verilator backend's single-invocation batch when there is one.
     """
     if getattr(backend, "name", None) == "verilator":
         return backend.run_many(pairs, lat=lat, return_errors=True)
     out = []
-    for program, image in pairs:
+    for job in pairs:
         try:
-            out.append(backend.run(program, image, lat))
+            out.append(backend.run(job[0], job[1], job[2] if len(job) == 3 else lat))
         except SimError as e:
             out.append(e)
     return out
@@ -99,30 +101,75 @@ class CheckedBackend(Backend):
         return got
 
 
-def fuzz(backend, reference, count: int, seed: int, ext: int = 2048, lat: int = 8, out=sys.stdout) -> dict:
-    """Compare `count` random programs of `seed`; print one line per failure. Returns a summary dict."""
-    from sim.progen import random_program
-    rng = random.Random(seed)
-    pairs = [random_program(rng, ext) for _ in range(count)]
-    t0 = time.perf_counter()
-    expected = run_batch(reference, pairs, lat)
-    t1 = time.perf_counter()
-    got = run_batch(backend, pairs, lat)
-    t2 = time.perf_counter()
-    failures = 0
-    cycles = 0
-    for i, ((program, image), a, b) in enumerate(zip(pairs, expected, got)):
-        diff = _compare(a, b)
-        if isinstance(b, RunResult):
-            cycles += b.cycles
-        if diff is None:
-            continue
-        failures += 1
-        pc = locate(program, image, lat, backend, reference)
-        where = f"pc {pc} ({describe(program[pc])})" if pc is not None else "pc unknown (only the full program differs)"
-        print(f"FAIL program {i} (seed {seed}): first differing instruction {where}; {diff}", file=out)
-    return {"count": count, "failures": failures, "cycles": cycles,
-            "reference_s": t1 - t0, "backend_s": t2 - t1}
+def mix_configs(ext: int | None = None, lat: int | None = None, configs=None) -> tuple:
+    """The (EXT, LAT) pairs a run draws from: `configs` (default ``sim.progen.MIX_CONFIGS``) with EXT
+    and/or LAT pinned when given (pinning one keeps the mix's values of the other)."""
+    from sim.progen import MIX_CONFIGS
+    pairs = tuple(configs or MIX_CONFIGS)
+    if ext is not None:
+        pairs = tuple(sorted({(ext, l) for _, l in pairs}))
+    if lat is not None:
+        pairs = tuple(sorted({(e, lat) for e, _ in pairs}))
+    return pairs
+
+
+def reproduce_command(sim: str, seed: int, index: int, ext: int, lat: int, budget: int = MAX_CYCLES) -> str:
+    """The command that runs program `index` of a run of `seed` alone: the same program on the same chip."""
+    cmd = f"python -m sim.fuzz --sim {sim} --seed {seed} --first {index} --count 1 --ext {ext} --lat {lat}"
+    return cmd + (f" --budget {budget}" if budget != MAX_CYCLES else "")
+
+
+def fuzz(backend, reference, count: int, seed: int, ext: int | None = None, lat: int | None = None,
+         out=sys.stdout, *, first: int = 0, budget: int = MAX_CYCLES, configs=None, chunk: int = 100,
+         progress=None) -> dict:
+    """Compare programs first .. first+count-1 of the mix of `seed` on `reference` and `backend`.
+
+    Program i is ``sim.progen.fuzz_case(seed, i, pairs, budget)`` with the pairs of `mix_configs(ext, lat,
+    configs)`. `reference` must run unchecked (``ReferenceMachine(check=False)``): wide programs carry
+    junk in bits that ``hdl.isa.validate`` refuses and the hardware ignores. Prints one line per failure
+    (the program, its EXT and LAT, the first differing instruction and word or counter, and the command
+    that reproduces it) on `out`, and a progress line per `chunk` programs on `progress` when given.
+
+    Returns a dict: count, failures, failed (the failing indices), cycles (on `backend`), reference_s,
+    backend_s, configs ({(EXT, LAT): programs}).
+    """
+    from sim.progen import fuzz_case
+    pairs = mix_configs(ext, lat, configs)
+    sim = getattr(backend, "name", "?")
+    summary = {"count": count, "failures": 0, "failed": [], "cycles": 0, "reference_s": 0.0,
+               "backend_s": 0.0, "configs": {}}
+    t_start = time.perf_counter()
+    for lo in range(first, first + count, chunk):
+        # in chunks: 20,000 programs with 65536-word images do not fit in memory at once
+        cases = [fuzz_case(seed, i, pairs, budget) for i in range(lo, min(lo + chunk, first + count))]
+        jobs = [(c.program, c.image, c.lat) for c in cases]
+        t0 = time.perf_counter()
+        expected = run_batch(reference, jobs, 8)
+        t1 = time.perf_counter()
+        got = run_batch(backend, jobs, 8)
+        t2 = time.perf_counter()
+        summary["reference_s"] += t1 - t0
+        summary["backend_s"] += t2 - t1
+        for c, a, b in zip(cases, expected, got):
+            summary["configs"][(c.ext, c.lat)] = summary["configs"].get((c.ext, c.lat), 0) + 1
+            if isinstance(b, RunResult):
+                summary["cycles"] += b.cycles
+            diff = _compare(a, b)
+            if diff is None:
+                continue
+            summary["failures"] += 1
+            summary["failed"].append(c.index)
+            pc = locate(c.program, c.image, c.lat, backend, reference)
+            where = (f"pc {pc} ({describe(c.program[pc])})" if pc is not None
+                     else "pc unknown (only the full program differs)")
+            print(f"FAIL program {c.index} (seed {seed}, EXT {c.ext}, LAT {c.lat}): first differing instruction "
+                  f"{where}; {diff}; reproduce: {reproduce_command(sim, seed, c.index, c.ext, c.lat, budget)}",
+                  file=out, flush=True)
+        if progress is not None:
+            done = min(lo + chunk, first + count) - first
+            print(f"fuzz: {done}/{count} programs, {summary['failures']} failing, "
+                  f"{time.perf_counter() - t_start:.0f} s", file=progress, flush=True)
+    return summary
 
 
 class _Parser(argparse.ArgumentParser):
@@ -130,29 +177,61 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"error: {message}\n")
 
 
+MIX_HELP = """\
+the default mix: each program draws its chip from the (EXT, LAT) pairs 2048/1, 2048/2, 2048/3, 2048/4,
+2048/8, 8192/1, 8192/8, 8192/20, 65536/1, 65536/7 (sim.progen.MIX_CONFIGS; each pair is one Verilator
+model, built once in about a minute) and its knobs (sim.progen.draw_knobs): one program in ten is a classic
+one (operand arenas, no partial overlaps, short); the others load the whole scratchpad and set each knob
+off, low or high independently: partially overlapping operands for RQ, VADD, SM, UNPACK and AMAX; junk in
+every instruction bit the hardware ignores (hdl.isa.HW_OPERANDS), some words with all of them set; maximum
+lengths (4095 LD/ST/RQ/SM/AMAX, 4096 VADD, 511 and 512 UNPACK; LD/ST as EXT allows); lengths drawn up to
+those maxima; the same unit back to back; an instruction reading what the previous one wrote. Every
+program stays within --budget cycles. The reference runs unchecked (the junk is in bits that
+hdl.isa.validate refuses). Program i depends only on (seed, i, EXT, LAT, budget): a failure line ends
+with the command that reruns it alone.
+"""
+
+
 def main(argv=None) -> int:
     p = _Parser(prog="python -m sim.fuzz",
                 description="Run random programs (sim.progen) on the reference machine and on a simulator and "
-                            "compare every external word and the five counters.")
+                            "compare every external word and the five counters.",
+                epilog=MIX_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--sim", default="verilator", help="the simulator to check: amaranth or verilator "
                                                       "(default verilator)")
-    p.add_argument("--count", type=int, default=200, help="programs to generate (default 200)")
-    p.add_argument("--seed", type=int, default=1, help="random seed (default 1)")
-    p.add_argument("--ext", type=int, default=2048, help="external memory words (default 2048)")
-    p.add_argument("--lat", type=int, default=8, help="external read latency (default 8)")
+    p.add_argument("--count", type=int, default=200, help="programs to run (default 200)")
+    p.add_argument("--seed", type=int, default=1, help="random seed (default 1); the same seed, the same run")
+    p.add_argument("--first", type=int, default=0, help="index of the first program (default 0)")
+    p.add_argument("--ext", type=int, default=None, help="pin the external memory words (default: the mix's)")
+    p.add_argument("--lat", type=int, default=None, help="pin the external read latency (default: the mix's)")
+    p.add_argument("--budget", type=int, default=MAX_CYCLES,
+                   help=f"most cycles a program may take (default {MAX_CYCLES}; smaller for the Amaranth "
+                        "simulator)")
     a = p.parse_args(argv)
+    if a.sim == "reference":
+        raise UsageError("--sim reference would compare the reference machine with itself: "
+                         "choose amaranth or verilator")
     if a.count < 1:
         raise UsageError(f"--count must be at least 1, got {a.count}")
-    if a.lat < 1:
-        raise UsageError(f"--lat must be at least 1, got {a.lat}")
-    if not 1536 <= a.ext <= 65536:
+    if a.first < 0:
+        raise UsageError(f"--first must be at least 0, got {a.first}")
+    if a.lat is not None and not 1 <= a.lat <= 1024:
+        raise UsageError(f"--lat must be within 1..1024, got {a.lat}")
+    if a.ext is not None and not 1536 <= a.ext <= 65536:
         raise UsageError(f"--ext must be within 1536..65536 (random programs need 1536 words), got {a.ext}")
+    if not 10_000 <= a.budget <= MAX_CYCLES:
+        raise UsageError(f"--budget must be within 10000..{MAX_CYCLES} cycles, got {a.budget}")
     backend = get_backend(a.sim)
-    reference = get_backend("reference")
-    s = fuzz(backend, reference, a.count, a.seed, a.ext, a.lat)
+    reference = get_backend("reference", check=False)
+    s = fuzz(backend, reference, a.count, a.seed, a.ext, a.lat, first=a.first, budget=a.budget,
+             progress=sys.stderr if a.count > 100 else None)
     status = "PASS" if s["failures"] == 0 else "FAIL"
+    pairs = sorted(s["configs"])
+    chips = (f"EXT {pairs[0][0]}, LAT {pairs[0][1]}" if len(pairs) == 1 else
+             f"{len(pairs)} (EXT, LAT) pairs: " + " ".join(f"{e}/{l}" for e, l in pairs))
+    first = f", programs {a.first}..{a.first + a.count - 1}" if a.first else ""
     print(f"{status}: {s['count'] - s['failures']}/{s['count']} programs identical on {a.sim} and reference "
-          f"(seed {a.seed}, EXT {a.ext}, LAT {a.lat}; {s['cycles']:,} cycles; "
+          f"(seed {a.seed}{first}, {chips}; {s['cycles']:,} cycles; "
           f"{a.sim} {s['backend_s']:.1f} s, reference {s['reference_s']:.1f} s)")
     return 0 if s["failures"] == 0 else 1
 

@@ -1,23 +1,39 @@
 """Seeded random GA-2 programs for fuzzing the backends against the reference (hardware spec 6.5).
 
-Each program loads four operand arenas with LDs, runs 10-25 random MM/RQ/SM/VADD/AMAX/LD/ST/UNPACK
-instructions whose operands are legal and never partially overlap (in-place RQ/SM/VADD allowed), then
-stores the result area and halts. Same seed, same programs; every program stays far below 100,000 cycles.
+Two kinds of program come out of `random_program`:
+
+* classic (``knobs=None``): four operand arenas loaded with LDs, 10-25 random MM/RQ/SM/VADD/AMAX/LD/ST/
+  UNPACK instructions whose operands never partially overlap, the result area stored, HALT. Short (a few
+  thousand cycles): the Amaranth-simulator tests use these.
+* wide (a `Knobs` with ``wide=True``): the whole scratchpad is loaded and in play, and the knobs push the
+  program into the corners: partially overlapping operands, junk in every bit the hardware ignores,
+  maximum lengths, the same unit back to back, one instruction reading what the previous one wrote. The
+  program is built to stay within its cycle budget (at most `sim.backend.MAX_CYCLES`) at its LAT.
+
+`fuzz_case` draws the mix `sim.fuzz` runs by default: an (EXT, LAT) from `MIX_CONFIGS` and the knobs
+from `draw_knobs`, each program from its own seed so that one program can be regenerated alone.
+Same seed, same programs.
 
 Command: ``python -m sim.progen --seed S --count N [--ext 2048] [--lat 8] --out FILE.hex``
-(``--directed`` writes the spec's directed programs instead).
+(``--directed`` writes the spec's directed programs instead). It writes classic programs: a record file
+holds programs that pass ``hdl.isa.validate``, and junk in the bits it refuses would not.
 """
 from __future__ import annotations
 
 import argparse
 import random
 import sys
+from array import array
+from dataclasses import dataclass
 
-from hdl.isa import Instr, amax, halt, ld, mm, rq, sm, st, unpack, validate, vadd
+from hdl.isa import (HW_OPERANDS, SPAD_WORDS, Instr, Op, amax, busy_cycles, halt, ld, mm, rq, sm, st, unpack,
+                     validate, vadd)
 
+from sim.backend import MAX_CYCLES
 from sim.hexfile import HexFileError, ProgramRecord, make_record, write_records
 
-__all__ = ["random_program", "random_suite", "directed_suite", "LAYOUT"]
+__all__ = ["random_program", "random_suite", "directed_suite", "LAYOUT", "Knobs", "draw_knobs", "ignored_bits",
+           "max_len", "FuzzCase", "fuzz_case", "MIX_CONFIGS", "CI_CONFIGS"]
 
 # Scratchpad: four 256-word arenas at 0..1023 loaded from ext[0..1023]; results at the top of the
 # scratchpad (so the 12-bit address limit is exercised); the result area is stored to the top of EXT.
@@ -165,13 +181,7 @@ class _Gen:
 _KINDS = ("mm", "mm", "rq", "sm", "vadd", "amax", "unpack", "ld", "st")
 
 
-def random_program(rng, ext: int = 2048) -> tuple[list[int], list[int]]:
-    """One random program (128-bit words, HALT last) and its initial external image of `ext` words.
-
-    `rng` is a `random.Random` (or an int seed). Every instruction passes ``hdl.isa.validate``.
-    """
-    if not isinstance(rng, random.Random):
-        rng = random.Random(rng)
+def _classic_program(rng: random.Random, ext: int) -> tuple[list[int], list[int]]:
     g = _Gen(rng, ext)
     image = _random_image(rng, ext)
     prog: list[Instr] = []
@@ -195,6 +205,378 @@ def random_program(rng, ext: int = 2048) -> tuple[list[int], list[int]]:
     for pc, w in enumerate(words):
         validate(w, ext_words=ext, index=pc)
     return words, image
+
+
+# ---- wide programs: the knobs -------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Knobs:
+    """How far a program leans into the corners. Every probability applies to each instruction.
+
+    Attributes
+    ----------
+    wide : bool
+        The whole scratchpad is loaded first and operands go anywhere in it; the program ends by storing
+        as much of the scratchpad as EXT holds (all of it from EXT 8192 up). False: a classic program,
+        and every other knob must be left at its default.
+    overlap : float
+        RQ, VADD, SM, UNPACK or AMAX writes a region that partially overlaps one of its sources.
+    junk : float
+        The word carries random bits in every bit the hardware ignores (`ignored_bits`); one time in
+        four all of them are set.
+    maxlen : float
+        The length is the largest legal one (`max_len`; LD and ST as far as EXT allows).
+    longlen : float
+        The length is drawn from 1 .. the largest (otherwise mostly 1 .. 64).
+    repeat : float
+        The next instruction goes to the same unit (the unit is started again two cycles after its done).
+    chain : float
+        The next instruction reads what the previous one wrote (an LD reads back the previous ST).
+    budget : int
+        The program's cycles at its LAT (``hdl.isa.busy_cycles``) stay within this.
+    """
+    wide: bool = False
+    overlap: float = 0.0
+    junk: float = 0.0
+    maxlen: float = 0.0
+    longlen: float = 0.0
+    repeat: float = 0.0
+    chain: float = 0.0
+    budget: int = MAX_CYCLES
+
+    def __post_init__(self):
+        for name in ("overlap", "junk", "maxlen", "longlen", "repeat", "chain"):
+            v = getattr(self, name)
+            if not 0.0 <= v <= 1.0:
+                raise ValueError(f"knob {name} = {v!r} is not a probability")
+            if v and not self.wide:
+                raise ValueError(f"knob {name} needs a wide program (wide=True)")
+        if self.maxlen + self.longlen > 1.0:
+            raise ValueError(f"knobs maxlen + longlen = {self.maxlen + self.longlen} exceed 1")
+        if isinstance(self.budget, bool) or not isinstance(self.budget, int) or not 1 <= self.budget <= MAX_CYCLES:
+            raise ValueError(f"budget = {self.budget!r} must be a whole number of cycles in 1..{MAX_CYCLES}")
+
+
+def ignored_bits(op) -> int:
+    """The bits of a 128-bit word of opcode `op` that the hardware never reads: all but the opcode and
+    the operand fields of ``hdl.isa.HW_OPERANDS``."""
+    used = 0xF << 124
+    for hi, lo in HW_OPERANDS[Op(op)].values():
+        used |= ((1 << (hi - lo + 1)) - 1) << lo
+    return ((1 << 128) - 1) & ~used
+
+
+def max_len(op, ext: int = 1 << 16) -> int:
+    """The largest length an instruction of `op` can have (``hdl.isa.validate``'s limits), LD and ST also
+    limited by an external memory of `ext` words; UNPACK's 512 needs dst = 0 (8 x 512 words)."""
+    op = Op(op)
+    if op == Op.VADD:
+        return SPAD_WORDS
+    if op == Op.UNPACK:
+        return SPAD_WORDS // 8
+    if op in (Op.LD, Op.ST):
+        return min(SPAD_WORDS - 1, ext)
+    return SPAD_WORDS - 1
+
+
+_SPAD = SPAD_WORDS
+_EXTREMES = (0, 1, 0x7F, 0x80, 0xFF, 0xFFFFFF80, 0xFFFFFF81, 0x7FFFFFFF, 0x80000000, 0xFFFFFFFF)
+_WIDE_KINDS = ("mm", "rq", "sm", "vadd", "amax", "unpack", "ld", "st")
+
+
+def _words32(rng: random.Random, n: int) -> list[int]:
+    a = array("I", rng.randbytes(4 * n))
+    assert a.itemsize == 4
+    return a.tolist()
+
+
+def _wide_image(rng: random.Random, ext: int) -> list[int]:
+    """EXT words in runs of one kind each: zeros, raw 32-bit words (packed nibbles, int8 with junk above),
+    sign-extended int8, small values (ties for AMAX and SM), int32 of moderate size, one repeated
+    value, the extremes of each width."""
+    img: list[int] = []
+    while len(img) < ext:
+        n = min(ext - len(img), rng.choice((1, 16, 64, 256, 1024, rng.randint(1, 512))))
+        kind = rng.randrange(7)
+        if kind == 0:
+            img += [0] * n
+        elif kind == 1:
+            img += _words32(rng, n)
+        elif kind == 2:
+            img += [b | 0xFFFFFF00 if b & 0x80 else b for b in rng.randbytes(n)]
+        elif kind == 3:
+            img += [(b % 17 - 8) & _W for b in rng.randbytes(n)]
+        elif kind == 4:
+            img += [((w & 0x1FFFFF) - 0x100000) & _W for w in _words32(rng, n)]
+        elif kind == 5:
+            img += [rng.choice(_EXTREMES + (rng.getrandbits(32),))] * n
+        else:
+            img += [_EXTREMES[b % len(_EXTREMES)] for b in rng.randbytes(n)]
+    return img
+
+
+class _Wide:
+    """State of one wide program being generated: the knobs, the last instruction's output."""
+
+    def __init__(self, rng: random.Random, ext: int, lat: int, knobs: Knobs):
+        self.rng, self.ext, self.lat, self.k = rng, ext, lat, knobs
+        # External memory: body STs write below `zone`, the final stores from `zone` up.
+        self.zone = ext - _SPAD if ext >= 2 * _SPAD else ext // 4
+        self.prev: tuple[str, int, int] | None = None      # ("spad" | "ext", start, length) last written
+
+    # -- lengths and regions --
+    def length(self, top: int) -> int:
+        rng, k = self.rng, self.k
+        r = rng.random()
+        if r < k.maxlen:
+            return top
+        if r < k.maxlen + k.longlen:
+            return rng.randint(1, top)
+        r = rng.random()
+        if r < 0.15:
+            return 1
+        if r < 0.25:
+            return min(64, top)
+        return rng.randint(1, min(64, top))
+
+    def region(self, n: int) -> int:
+        return self.rng.randint(0, _SPAD - n)
+
+    def source(self, n: int) -> int:
+        """Where n words are read from: what the previous instruction wrote (knob `chain`), or anywhere."""
+        if self.prev and self.prev[0] == "spad" and self.rng.random() < self.k.chain:
+            return min(self.prev[1], _SPAD - n)
+        return self.region(n)
+
+    def overlapping(self, src: int, n: int, out_n: int) -> int | None:
+        """A dst whose `out_n` words partially overlap the n words at src (never dst == src when
+        out_n == n: that is in place), or None when there is no such dst."""
+        lo, hi = max(0, src - out_n + 1), min(_SPAD - out_n, src + n - 1)
+        near = [src + d for d in (1, 2, 3, -1, -2, -3)] + [lo, hi]
+        if lo <= hi:
+            near.append(self.rng.randint(lo, hi))
+        ok = [d for d in near if lo <= d <= hi and not (d == src and out_n == n)]
+        return self.rng.choice(ok) if ok else None
+
+    def dst(self, src: int, n: int, out_n: int) -> int:
+        rng = self.rng
+        if rng.random() < self.k.overlap:
+            d = self.overlapping(src, n, out_n)
+            if d is not None:
+                return d
+        if out_n == n and rng.random() < 0.25:
+            return src
+        return rng.randint(0, _SPAD - out_n)
+
+    # -- instructions: each returns (instruction, what it writes) --
+    def mm(self):
+        rng = self.rng
+        M, N = rng.randint(1, 4), rng.randint(1, 4)
+        K = rng.choice([1, 64, rng.randint(2, 63)])
+        tb = rng.randint(0, 1)
+        lda = rng.choice([K, K, rng.randint(0, K + 8), rng.randint(0, 1000)])
+        ldb = rng.choice([K if tb else N, rng.randint(0, 70), rng.randint(0, 1000)])
+        ldc = rng.choice([N, N, rng.randint(0, 12), rng.randint(0, 1000)])
+        span_a = (M - 1) * lda + K
+        span_b = (N - 1) * ldb + K if tb else (K - 1) * ldb + N
+        if span_b > _SPAD:
+            ldb = K if tb else N
+            span_b = N * K
+        span_c = (M - 1) * ldc + N
+        A, B = self.source(span_a), self.source(span_b)
+        dst = rng.randint(0, _SPAD - span_c)          # the operands are staged first: any overlap is fine
+        return mm(dst, A, B, M=M, K=K, N=N, lda=lda, ldb=ldb, ldc=ldc, tb=tb), ("spad", dst, span_c)
+
+    def rq(self):
+        rng = self.rng
+        n = self.length(max_len(Op.RQ))
+        src = self.source(n)
+        dst = self.dst(src, n, n)
+        m = rng.choice([rng.randint(1 << 23, (1 << 24) - 1), rng.getrandbits(24), 0, (1 << 24) - 1])
+        s = rng.choice([rng.randint(20, 40), rng.randint(0, 63), 0, 63])
+        return rq(dst, src, n, m=m, s=s, relu=rng.randint(0, 1)), ("spad", dst, n)
+
+    def sm(self):
+        n = self.length(max_len(Op.SM))
+        src = self.source(n)
+        dst = self.dst(src, n, n)
+        return sm(dst, src, n), ("spad", dst, n)
+
+    def vadd(self):
+        rng = self.rng
+        n = self.length(max_len(Op.VADD))
+        s1 = self.source(n)
+        s2 = rng.choice([self.region(n), s1, min(max(0, s1 + rng.randint(-3, 3)), _SPAD - n)])
+        if rng.random() < 0.5:
+            s1, s2 = s2, s1
+        dst = self.dst(rng.choice([s1, s2]), n, n)
+        return vadd(dst, s1, s2, n), ("spad", dst, n)
+
+    def amax(self):
+        n = self.length(max_len(Op.AMAX))
+        src = self.source(n)
+        dst = self.dst(src, n, 1)
+        return amax(dst, src, n), ("spad", dst, 1)
+
+    def unpack(self):
+        rng = self.rng
+        top = max_len(Op.UNPACK) - (rng.random() < 0.5)         # 511 or 512 (512 only at dst 0)
+        n = self.length(top)
+        src = self.source(n)
+        dst = self.dst(src, n, 8 * n)
+        return unpack(dst, src, n), ("spad", dst, 8 * n)
+
+    def ld(self):
+        rng = self.rng
+        n = self.length(max_len(Op.LD, self.ext))
+        if self.prev and self.prev[0] == "ext" and rng.random() < self.k.chain:
+            src = min(self.prev[1], self.ext - n)                # read back what the last ST wrote
+        else:
+            src = rng.randint(0, self.ext - n)
+        dst = self.region(n)
+        return ld(dst, src, n), ("spad", dst, n)
+
+    def st(self):
+        n = self.length(max_len(Op.ST, self.zone))
+        src = self.source(n)
+        dst = self.rng.randint(0, self.zone - n)
+        return st(src, dst, n), ("ext", dst, n)
+
+
+def _fill(rng: random.Random, ext: int, words: int) -> list[Instr]:
+    """LDs that load scratchpad words 0 .. words-1 from random places in external memory."""
+    out, pos = [], 0
+    while pos < words:
+        n = min(words - pos, ext, SPAD_WORDS - 1)
+        out.append(ld(pos, rng.randint(0, ext - n), n))
+        pos += n
+    return out
+
+
+def _final_stores(rng: random.Random, ext: int, zone: int) -> list[Instr]:
+    """Copy the scratchpad (all of it when EXT >= 8192, else a random window) to ext[zone:]."""
+    if ext - zone >= _SPAD:
+        return [st(0, zone, _SPAD - 1), st(_SPAD - 1, zone + _SPAD - 1, 1)]
+    n = ext - zone
+    return [st(rng.randint(0, _SPAD - n), zone, n)]
+
+
+def _with_junk(rng: random.Random, word: int, p: float) -> int:
+    if rng.random() >= p:
+        return word
+    mask = ignored_bits(word >> 124)
+    return word | (mask if rng.random() < 0.25 else rng.getrandbits(128) & mask)
+
+
+def _wide_program(rng: random.Random, ext: int, lat: int, k: Knobs) -> tuple[list[int], list[int]]:
+    if ext < 1024:
+        raise ValueError(f"ext = {ext} words is too small for wide programs (need >= 1024)")
+    g = _Wide(rng, ext, lat, k)
+    image = _wide_image(rng, ext)
+    cost = lambda ins: 2 + busy_cycles(ins, lat)                        # noqa: E731
+    tail = _final_stores(rng, ext, g.zone)
+    reserve = sum(map(cost, tail)) + 2                                  # the stores and the HALT
+    # Load the whole scratchpad when the budget allows it, else a part that leaves half the budget.
+    words = _SPAD
+    while words > 64 and sum(map(cost, _fill(random.Random(0), ext, words))) > (k.budget - reserve) // 2:
+        words //= 2
+    prog = _fill(rng, ext, words)
+    used = sum(map(cost, prog)) + reserve
+    if used > k.budget:
+        raise ValueError(f"budget = {k.budget} cycles is too small for a wide program at EXT {ext}, "
+                         f"LAT {lat} (needs {used})")
+    target, tries = rng.randint(8, 40), 0
+    kind = rng.choice(_WIDE_KINDS)
+    while len(prog) < target + 2 and tries < 4 * target:
+        tries += 1
+        if rng.random() >= k.repeat:
+            kind = rng.choice(_WIDE_KINDS)
+        ins, out = getattr(g, kind)()
+        c = cost(ins)
+        if used + c > k.budget:
+            continue
+        used += c
+        prog.append(ins)
+        g.prev = out
+    prog += tail + [halt()]
+    words_out = []
+    for pc, ins in enumerate(prog):
+        validate(ins.word, ext_words=ext, index=pc)       # the program as meant; the junk comes on top
+        words_out.append(_with_junk(rng, ins.word, k.junk))
+    return words_out, image
+
+
+def random_program(rng, ext: int = 2048, knobs: Knobs | None = None, lat: int = 8) -> tuple[list[int], list[int]]:
+    """One random program (128-bit words, HALT last) and its initial external image of `ext` words.
+
+    Parameters
+    ----------
+    rng : random.Random or int
+        The generator (or a seed for one).
+    ext : int
+        External memory words of the chip the program is for.
+    knobs : Knobs, optional
+        None or a Knobs with ``wide=False``: a classic program (every word passes ``hdl.isa.validate``).
+        Wide: see `Knobs`; every word passes ``validate`` once its ignored bits (`ignored_bits`) are
+        cleared, so a reference machine must run it unchecked (``ReferenceMachine(check=False)``).
+    lat : int
+        The external read latency the program's cycle budget is counted at (wide programs only).
+    """
+    if not isinstance(rng, random.Random):
+        rng = random.Random(rng)
+    if knobs is None or not knobs.wide:
+        return _classic_program(rng, ext)
+    return _wide_program(rng, ext, lat, knobs)
+
+
+# ---- the mix that sim.fuzz runs ------------------------------------------------------------------
+
+# (EXT, LAT) pairs of the default mix. Each pair is one Verilator model (a build of a minute, cached).
+MIX_CONFIGS = ((2048, 1), (2048, 2), (2048, 3), (2048, 4), (2048, 8),
+               (8192, 1), (8192, 8), (8192, 20), (65536, 1), (65536, 7))
+# The subset the test suite's fresh-seed campaign runs: the suite's Verilator tests build the other models
+# already, so this adds two builds (the LAT 1 corner at EXT 2048 and at 65536).
+CI_CONFIGS = ((2048, 1), (2048, 8), (8192, 8), (8192, 20), (65536, 1))
+CLASSIC_SHARE = 0.1
+
+
+def draw_knobs(rng: random.Random, budget: int = MAX_CYCLES) -> Knobs:
+    """The knobs of one program of the mix: a classic program one time in ten; otherwise a wide one with
+    each knob independently off, low or high (overlap 0/0.2/0.6, junk 0/0.3/1, maxlen 0/0.05/0.2,
+    longlen 0/0.2/0.5, repeat 0/0.3/0.7, chain 0/0.3/0.7)."""
+    if rng.random() < CLASSIC_SHARE:
+        return Knobs(budget=budget)
+    c = rng.choice
+    return Knobs(wide=True, overlap=c((0.0, 0.2, 0.6)), junk=c((0.0, 0.3, 1.0)), maxlen=c((0.0, 0.05, 0.2)),
+                 longlen=c((0.0, 0.2, 0.5)), repeat=c((0.0, 0.3, 0.7)), chain=c((0.0, 0.3, 0.7)), budget=budget)
+
+
+@dataclass
+class FuzzCase:
+    """Program `index` of a fuzz run of `seed`: its chip (EXT, LAT), knobs, program and image."""
+    seed: int
+    index: int
+    ext: int
+    lat: int
+    knobs: Knobs
+    program: list[int]
+    image: list[int]
+
+
+def fuzz_case(seed: int, index: int, configs=MIX_CONFIGS, budget: int = MAX_CYCLES) -> FuzzCase:
+    """Program `index` of the mix of `seed`, generated on its own.
+
+    The (EXT, LAT) pair is drawn from `configs` with a generator of its own, so the program depends only
+    on (seed, index, EXT, LAT, budget): pinning the pair it drew (``--ext E --lat L``) regenerates it.
+    """
+    configs = tuple(configs)
+    if not configs:
+        raise ValueError("no (EXT, LAT) configurations to draw from")
+    ext, lat = random.Random(f"ga2-fuzz-config {seed} {index}").choice(configs)
+    rng = random.Random(f"ga2-fuzz {seed} {index} {ext} {lat}")
+    knobs = draw_knobs(rng, budget)
+    program, image = random_program(rng, ext, knobs, lat)
+    return FuzzCase(seed, index, ext, lat, knobs, program, image)
 
 
 def random_suite(seed: int, count: int, ext: int = 2048, lat: int = 8) -> list[ProgramRecord]:

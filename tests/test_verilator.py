@@ -271,7 +271,7 @@ class _MiscountsMM:
 
     def __init__(self):
         from sim.reference import ReferenceMachine
-        self.inner = ReferenceMachine()
+        self.inner = ReferenceMachine(check=False)
 
     def run(self, program, image, lat=8):
         from hdl.isa import Op, operands
@@ -285,12 +285,11 @@ def test_fuzz_names_the_first_differing_instruction_and_counter():
     import io
     from hdl.isa import Op, operands
     from sim.fuzz import fuzz
-    from sim.progen import random_program
+    from sim.progen import fuzz_case
     from sim.reference import ReferenceMachine
     out = io.StringIO()
-    summary = fuzz(_MiscountsMM(), ReferenceMachine(), count=6, seed=11, out=out)
-    rng = random.Random(11)
-    pairs = [random_program(rng, 2048) for _ in range(6)]
+    summary = fuzz(_MiscountsMM(), ReferenceMachine(check=False), count=6, seed=11, ext=2048, lat=8, out=out)
+    pairs = [(c.program, c.image) for c in (fuzz_case(11, i, [(2048, 8)]) for i in range(6))]
     has_mm = lambda p: any(operands(w)["op"] == Op.MM for w in p)      # noqa: E731
     with_mm = [i for i, (p, _) in enumerate(pairs) if has_mm(p)]
     assert with_mm and summary["failures"] == len(with_mm)
@@ -299,13 +298,15 @@ def test_fuzz_names_the_first_differing_instruction_and_counter():
     for i, line in zip(with_mm, lines):
         program, image = pairs[i]
         first_mm = next(pc for pc, w in enumerate(program) if operands(w)["op"] == Op.MM)
-        mm_cycles = ReferenceMachine().run(program, image, 8).counters[1]
-        assert line.startswith(f"FAIL program {i} (seed 11): first differing instruction pc {first_mm} (mm ")
-        assert line.endswith(f"counter cyc_mm: expected {mm_cycles}, got {mm_cycles + 1}")
+        mm_cycles = ReferenceMachine(check=False).run(program, image, 8).counters[1]
+        assert line.startswith(f"FAIL program {i} (seed 11, EXT 2048, LAT 8): first differing instruction "
+                               f"pc {first_mm} (mm ")
+        assert line.endswith(f"counter cyc_mm: expected {mm_cycles}, got {mm_cycles + 1}; reproduce: "
+                             f"python -m sim.fuzz --sim broken --seed 11 --first {i} --count 1 --ext 2048 --lat 8")
 
 
 def test_fuzz_command_on_verilator(capsys):
     from sim.fuzz import main
-    assert main(["--sim", "verilator", "--count", "8", "--seed", "5"]) == 0
+    assert main(["--sim", "verilator", "--count", "8", "--seed", "5", "--ext", "2048", "--lat", "8"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("PASS: 8/8 programs identical on verilator and reference (seed 5, EXT 2048, LAT 8")
