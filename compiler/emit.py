@@ -16,9 +16,10 @@ from .buffers import Allocator, plan_buffers, plan_external, plan_lifetimes
 from .graph import CompileError, Graph
 from .scales import fuse_relus, plan_scales
 
-__all__ = ["Program", "compile_graph", "SOFTMAX_RQ_MULTIPLIER"]
+__all__ = ["Program", "compile_graph", "SOFTMAX_RQ_MULTIPLIER", "COPY_RQ"]
 
 SOFTMAX_RQ_MULTIPLIER = 127 / 65536     # Q0.16 probability -> int8 at scale 1/127
+COPY_RQ = (1 << 23, 23, 0)              # RQ with multiplier exactly 1: a copy of int8 words
 
 
 @dataclass
@@ -130,6 +131,12 @@ def compile_graph(graph: Graph, calib_samples, ranges=None, ext_words: int = 819
     plan_lifetimes(graph, loc, buffers)
     ext = plan_external(graph, ext_words)
 
+    # buffers that hold more than one tensor (a concat's, a relu's): UNPACK writes whole words of eight
+    # values, so a 4-bit weight placed in one of them is unpacked aside and copied to its place
+    holders = {}
+    for n in nodes:
+        if loc[n.id] is not None and n.op not in ("slice", "output", "argmax"):
+            holders[loc[n.id][0]] = holders.get(loc[n.id][0], 0) + 1
     spad = Allocator()
     instrs, notes = [], []
     rq_params = {}
@@ -158,7 +165,13 @@ def compile_graph(graph: Graph, calib_samples, ranges=None, ext_words: int = 819
             if n.op == "weight" and n.attrs.get("bits", 8) == 4:
                 t = temp(e.words, n.label())
                 emit(isa.ld(t, e.address, e.words), f"load {e.name} (packed)")
-                emit(isa.unpack(dst, t, e.words), f"unpack {e.name}")
+                if holders[loc[nid][0]] == 1:       # its own buffer, padded to whole words
+                    emit(isa.unpack(dst, t, e.words), f"unpack {e.name}")
+                else:
+                    u = temp(8 * e.words, n.label())
+                    emit(isa.unpack(u, t, e.words), f"unpack {e.name} aside")
+                    emit(isa.rq(dst, u, n.size, *COPY_RQ), f"copy {e.name} into its shared buffer")
+                    spad.release(u, 8 * e.words)
                 spad.release(t, e.words)
             else:
                 emit(isa.ld(dst, e.address, n.size), f"load {e.name}")

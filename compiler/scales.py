@@ -1,8 +1,17 @@
 """Scale planning and relu fusion (model spec 4.3, 4.4): one real scale per node, from calibration.
 
 Nodes that must share a representation (concat and its inputs, relu and its input, slice and its
-source, output and its source) form one group with one scale; softmax pins its input group to Q4.4
-(1/16) and itself to 1/127. Warnings are collected, they never change the plan.
+source, output and its source) read and write the same words, so they form one group, and the group's
+scale is decided once, for all its members:
+
+- a softmax pins its input group to Q4.4 (1/16) and its own group to 1/127;
+- otherwise a group that holds a 4-bit weight takes the 4-bit rule, range / 7, because that weight's
+  nibbles only reach +-7 and every partner (a slice, a concat, an output) reads the unpacked words;
+- otherwise range / 127.
+
+A graph that would fix one group twice (a 4-bit weight or a softmax output inside a pinned group) is
+refused with a `CompileError` naming the node. For a 4-bit weight alone in its group (the book's
+graphs) the 4-bit rule gives the book's range / 7. Warnings are collected, they never change the plan.
 """
 from __future__ import annotations
 
@@ -12,6 +21,7 @@ __all__ = ["plan_scales", "fuse_relus", "SOFTMAX_IN_SCALE", "SOFTMAX_OUT_SCALE"]
 
 SOFTMAX_IN_SCALE = 1.0 / 16     # SM reads Q4.4 scores
 SOFTMAX_OUT_SCALE = 1.0 / 127   # its Q0.16 result is requantized to int8 at 1/127
+_PIN_NAMES = {SOFTMAX_IN_SCALE: "Q4.4 (1/16, a softmax's input)", SOFTMAX_OUT_SCALE: "1/127 (a softmax's result)"}
 
 
 class _UnionFind:
@@ -89,24 +99,43 @@ def plan_scales(graph: Graph, calib_samples, ranges=None):
             for i in n.ins:
                 gmax[root] = max(gmax[root], rng[i])
 
-    pins = {}
+    pins, pinned_by = {}, {}
     for n in nodes:
-        if n.op == "softmax":
-            pins[uf.find(n.ins[0])] = SOFTMAX_IN_SCALE
-            pins[uf.find(n.id)] = SOFTMAX_OUT_SCALE
+        if n.op != "softmax":
+            continue
+        for root, pin, what in ((uf.find(n.ins[0]), SOFTMAX_IN_SCALE, f"its input {nodes[n.ins[0]].label()}"),
+                                (uf.find(n.id), SOFTMAX_OUT_SCALE, "its own result")):
+            if pins.get(root, pin) != pin:
+                raise CompileError(
+                    f"{n.label()}: {what} shares a scale group with {pinned_by[root]}, which fixes it at "
+                    f"{_PIN_NAMES[pins[root]]}; a softmax needs {_PIN_NAMES[pin]} there")
+            pins[root] = pin
+            pinned_by[root] = n.label()
 
-    scale = [None] * len(nodes)
+    four_bit = {}       # root -> the first 4-bit weight of the group
+    for n in nodes:
+        if n.op == "weight" and n.attrs.get("bits", 8) == 4:
+            root = uf.find(n.id)
+            four_bit.setdefault(root, n)
+            if root in pins:
+                raise CompileError(
+                    f"{n.label()}: a 4-bit weight cannot share a scale group with {pinned_by[root]}, which "
+                    f"fixes it at {_PIN_NAMES[pins[root]]}; its nibbles need the group's range / 7")
+
+    # every member of a group gets the group's one scale, decided here and nowhere else
+    group_scale = {}
     for n in nodes:
         if n.op == "argmax":
             continue
         root = uf.find(n.id)
+        if root in group_scale:
+            continue
         if root in pins:
-            scale[n.id] = pins[root]
+            group_scale[root] = pins[root]
         else:
             g = gmax.get(root, 0.0)
-            scale[n.id] = (g if g > 0 else 1.0) / 127
-        if n.op == "weight" and n.attrs.get("bits", 8) == 4:
-            scale[n.id] = (rng[n.id] if rng[n.id] > 0 else 1.0) / 7
+            group_scale[root] = (g if g > 0 else 1.0) / (7 if root in four_bit else 127)
+    scale = [None if n.op == "argmax" else group_scale[uf.find(n.id)] for n in nodes]
 
     warnings = []
     for n in nodes:

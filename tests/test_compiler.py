@@ -431,3 +431,37 @@ def test_decode_totals_with_window(structured, W, total):
         progs = {n: C.compile_graph(build_graph(m, n), calib[n], ranges=ranges) for n in sorted(calib)}
     assert len(progs) == (W or 32)
     assert sum(sum(progs[min(L, W or L)].cycles()) for L in range(1, 33)) == total
+
+
+# ---- one scale per scale group (issue 10) ----
+
+def test_4bit_weight_group_shares_one_scale():
+    # a slice, a concat and an output read the 4-bit weight's words: all of them use its range / 7
+    g = C.Graph()
+    w = g.weight("W", [[0.5, -0.7], [0.2, 0.1]], bits=4)
+    s = g.slice_rows(w, 1, 1)
+    z = g.input("z", (1, 2))
+    c = g.concat_rows(w, z)
+    o = g.output(s, "s")
+    g.output(c, "c")
+    P = C.compile_graph(g, [{"z": [[1.4, 0.0]]}])
+    # the group's range is z's 1.4, so the weight's nibbles use 0.2 a level
+    assert P.scales[w] == P.scales[s] == P.scales[z] == P.scales[c] == P.scales[o] == 1.4 / 7
+    # the weight shares the concat's buffer: unpacked aside, then copied by an RQ of multiplier 1
+    assert [n for n in P.notes if n.startswith(("unpack", "copy"))] == ["unpack W aside",
+                                                                        "copy W into its shared buffer"]
+
+
+def test_pinned_groups_refuse_a_second_scale():
+    g = C.Graph()
+    x = g.input("x", (1, 4))
+    s1 = g.softmax(x)
+    g.output(g.softmax(s1), "p")        # s1 would be both a result at 1/127 and scores at 1/16
+    with pytest.raises(C.CompileError, match=r"node 2 \(softmax.*its input node 1 \(softmax.*1/127.*Q4\.4"):
+        C.compile_graph(g, [{"x": [[0.1, 0.2, 0.3, 0.4]]}])
+    g = C.Graph()
+    x = g.input("x", (1, 4))
+    w = g.weight("W", [[0.1, 0.2, 0.3, 0.4]], bits=4)
+    g.output(g.softmax(g.concat_rows(x, w)), "p")
+    with pytest.raises(C.CompileError, match=r"node 1 \(weight 'W'.*4-bit weight.*node 3 \(softmax.*Q4\.4"):
+        C.compile_graph(g, [{"x": [[0.1, 0.2, 0.3, 0.4]]}])
