@@ -20,17 +20,15 @@ holds programs that pass ``hdl.isa.validate``, and junk in the bits it refuses w
 """
 from __future__ import annotations
 
-import argparse
 import random
-import sys
 from array import array
 from dataclasses import dataclass
 
 from hdl.isa import (HW_OPERANDS, SPAD_WORDS, Instr, Op, amax, busy_cycles, halt, ld, mm, rq, sm, st, unpack,
                      validate, vadd)
 
-from sim.backend import MAX_CYCLES
-from sim.hexfile import HexFileError, ProgramRecord, make_record, write_records
+from sim.backend import MAX_CYCLES, MAX_LAT
+from sim.hexfile import ProgramRecord, make_record
 
 __all__ = ["random_program", "random_suite", "directed_suite", "LAYOUT", "Knobs", "draw_knobs", "ignored_bits",
            "max_len", "FuzzCase", "fuzz_case", "MIX_CONFIGS", "CI_CONFIGS"]
@@ -579,13 +577,16 @@ def fuzz_case(seed: int, index: int, configs=MIX_CONFIGS, budget: int = MAX_CYCL
     return FuzzCase(seed, index, ext, lat, knobs, program, image)
 
 
-def random_suite(seed: int, count: int, ext: int = 2048, lat: int = 8) -> list[ProgramRecord]:
-    """`count` random programs from `seed`, each with the reference machine's expected image and counters."""
+def random_suite(seed: int, count: int, ext: int = 2048, lat: int = 8, progress=None) -> list[ProgramRecord]:
+    """`count` random programs from `seed`, each with the reference machine's expected image and counters;
+    ``progress(done, count)`` is called after each one when given."""
     rng = random.Random(seed)
     out = []
-    for _ in range(count):
+    for i in range(count):
         program, image = random_program(rng, ext)
         out.append(make_record(program, image, lat=lat))
+        if progress is not None:
+            progress(i + 1, count)
     return out
 
 
@@ -595,42 +596,48 @@ def directed_suite(lat: int = 8) -> list[ProgramRecord]:
     return _directed(lat=lat)
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):           # one line, no usage dump
-        print(f"error: {message}", file=sys.stderr)
-        raise SystemExit(2)
+MAX_COUNT = 100_000         # about 20 minutes of generation and a file of ~1 GB at EXT 2048
+
+
+def build_parser():
+    from sim.cli import Parser, int_range, output_file
+    p = Parser("python -m sim.progen",
+               "Write a suite of random GA-2 programs (or, with --directed, the spec's directed programs) in the "
+               "book's record format, each with the external memory and the five counters the reference "
+               "machine expects; sim.replay runs such a file on any simulator.",
+               "python -m sim.progen --seed 7 --count 200 --out suite.hex\n"
+               "python -m sim.progen --directed --out directed.hex")
+    p.add_argument("--seed", type=int, default=1, metavar="S", help="random seed")
+    p.add_argument("--count", type=int_range(0, MAX_COUNT), default=100, metavar="N",
+                   help=f"random programs, 0..{MAX_COUNT}")
+    p.add_argument("--ext", type=int_range(1, 65536), default=2048, metavar="WORDS",
+                   help=f"external memory words per image, {1024 + 2 * RESULT_LEN}..65536 (--directed: 2048)")
+    p.add_argument("--lat", type=int_range(1, MAX_LAT), default=8, metavar="N",
+                   help=f"external read latency the expected counters are computed for, 1..{MAX_LAT}")
+    p.add_argument("--directed", action="store_true", help="write the spec's directed programs (EXT 2048)")
+    p.add_argument("--out", type=output_file, required=True, metavar="FILE.hex", help="the record file to write")
+    return p
 
 
 def main(argv=None) -> int:
-    p = _Parser(prog="python -m sim.progen", description="Write a suite of random (or directed) GA-2 programs.")
-    p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--count", type=int, default=100)
-    p.add_argument("--ext", type=int, default=2048)
-    p.add_argument("--lat", type=int, default=8)
-    p.add_argument("--directed", action="store_true", help="write the spec's directed programs (EXT 2048)")
-    p.add_argument("--out", required=True)
-    a = p.parse_args(argv)
-    try:
-        if a.count < 0:
-            raise ValueError(f"--count {a.count} must be >= 0")
-        if a.lat < 1:
-            raise ValueError(f"--lat {a.lat} must be >= 1")
-        if a.directed:
-            if a.ext != 2048:
-                raise ValueError(f"--directed programs use EXT 2048, not --ext {a.ext}")
-            records = directed_suite(a.lat)
-        else:
-            if not 1024 + 2 * RESULT_LEN <= a.ext <= 65536:
-                raise ValueError(f"--ext {a.ext} must be within {1024 + 2 * RESULT_LEN}..65536")
-            records = random_suite(a.seed, a.count, a.ext, a.lat)
-        write_records(a.out, records, ext=a.ext)
-    except (ValueError, HexFileError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    from sim.cli import Progress, UsageError, write_text
+    from sim.hexfile import format_records
+    a = build_parser().parse_args(argv)
+    if a.directed:
+        if a.ext != 2048:
+            raise UsageError(f"--directed programs use EXT 2048, not --ext {a.ext}")
+        records = directed_suite(a.lat)
+    else:
+        if not 1024 + 2 * RESULT_LEN <= a.ext <= 65536:
+            raise UsageError(f"--ext must be within {1024 + 2 * RESULT_LEN}..65536, got {a.ext}")
+        with Progress("generating", unit="program") as bar:
+            records = random_suite(a.seed, a.count, a.ext, a.lat, progress=bar)
+    write_text(a.out, format_records(records, a.ext), say=False)
     total = sum(r.expected_counters[0] for r in records)
     print(f"wrote {len(records)} programs ({total} cycles in total) to {a.out}")
     return 0
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from sim.cli import guarded
+    raise SystemExit(guarded(main))

@@ -218,7 +218,8 @@ def test_directed_suite_file(tmp_path, capsys):
     assert recs[-1].expected_counters == [97, 32, 40, 11, 6]           # R11
     assert replay_main([str(path)]) == 0
     assert capsys.readouterr().out.startswith("PASS: 44 programs match")
-    assert progen_main(["--directed", "--ext", "4096", "--out", str(path)]) == 2
+    from sim.cli import guarded
+    assert guarded(progen_main, ["--directed", "--ext", "4096", "--out", str(path)]) == 2
     assert "EXT 2048" in error_line(capsys)
 
 
