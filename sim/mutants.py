@@ -244,8 +244,10 @@ MUTANTS: tuple[Mutant, ...] = (
        "scales: an add's scale ignores its operands' ranges", T_COMP),
     _m("compiler", "compiler/image.py", "sc = P.scales[node.id]", "sc = P.scales[src.id]",
        "readback: an output is dequantized at its source's scale instead of its own", T_COMP,
-       equivalent="an output node is in the same scale group as its source (plan_scales unites them), so "
-                  "both scales are the same float for every graph"),
+       "tests/test_random_graphs.py",
+       equivalent="plan_scales unites an output with its source and gives a scale group one scale, decided "
+                  "once (issue 10; tests/test_random_graphs.py checks that rule on every random graph), so "
+                  "both scales are the same float for every compiled program"),
 )
 
 
