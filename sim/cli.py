@@ -134,7 +134,7 @@ class Parser(argparse.ArgumentParser):
             message = f"{m['option']} must be one of {choices}, got {m['value']}"
         elif message.startswith("argument "):
             # "argument --steps: must be ..." -> "--steps must be ...": the option first, as in our own checks
-            message = re.sub(r"^(\S+): (must|expected) ", r"\1 \2 ", message[len("argument "):])
+            message = re.sub(r"^(\S+): must ", r"\1 must ", message[len("argument "):])
         self.exit(2, f"error: {message}\n")
 
 
@@ -144,7 +144,7 @@ def int_range(lo: int | None = None, hi: int | None = None):
         try:
             v = int(text)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"expected a whole number{_bounds(lo, hi)}, got {text!r}") from None
+            raise argparse.ArgumentTypeError(f"must be a whole number{_bounds(lo, hi)}, got {text!r}") from None
         if (lo is not None and v < lo) or (hi is not None and v > hi):
             raise argparse.ArgumentTypeError(f"must be{_bounds(lo, hi)}, got {v}")
         return v
@@ -156,8 +156,8 @@ def _bounds(lo, hi) -> str:
     if lo is not None and hi is not None:
         return f" within {lo}..{hi}"
     if lo is not None:
-        return f" >= {lo}"
-    return f" <= {hi}" if hi is not None else ""
+        return f" at least {lo}"
+    return f" at most {hi}" if hi is not None else ""
 
 
 def window(text: str) -> int | None:

@@ -10,16 +10,15 @@ Exit status 0 when every program matches, 1 on any mismatch, 2 for bad input.
 """
 from __future__ import annotations
 
-import argparse
 import sys
 import time
 
 from hdl.isa import describe, halt
 
 from sim.backend import MAX_CYCLES, Backend, RunResult, SimError, first_difference, get_backend
-from sim.cli import UsageError, guarded
+from sim.cli import Parser, UsageError, guarded, int_range, sim_option
 
-__all__ = ["fuzz", "locate", "run_batch", "CheckedBackend", "main"]
+__all__ = ["fuzz", "locate", "run_batch", "CheckedBackend", "build_parser", "main"]
 
 _HALT = halt().word
 
@@ -172,11 +171,6 @@ def fuzz(backend, reference, count: int, seed: int, ext: int | None = None, lat:
     return summary
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):           # one line, no usage dump
-        self.exit(2, f"error: {message}\n")
-
-
 MIX_HELP = """\
 the default mix: each program draws its chip from the (EXT, LAT) pairs 2048/1, 2048/2, 2048/3, 2048/4,
 2048/8, 8192/1, 8192/8, 8192/20, 65536/1, 65536/7 (sim.progen.MIX_CONFIGS; each pair is one Verilator
@@ -192,35 +186,35 @@ with the command that reruns it alone.
 """
 
 
+MAX_COUNT = 1_000_000        # programs per run; in chunks of 100 with a progress line per chunk
+
+
+def build_parser() -> Parser:
+    p = Parser("python -m sim.fuzz",
+               "Run random programs (sim.progen) on the reference machine and on a simulator and compare every "
+               "external word and the five counters; a failure names the first differing instruction and the "
+               "command that reruns that program alone.\n\n" + MIX_HELP,
+               "python -m sim.fuzz --sim verilator --count 200 --seed 7\n"
+               "python -m sim.fuzz --sim amaranth --count 20 --ext 2048 --lat 8 --budget 20000")
+    sim_option(p, "verilator", help="the simulator to check: amaranth or verilator")
+    p.add_argument("--count", type=int_range(1, MAX_COUNT), default=200, metavar="N",
+                   help=f"programs to run, 1..{MAX_COUNT:,}")
+    p.add_argument("--seed", type=int, default=1, metavar="S", help="random seed; the same seed, the same run")
+    p.add_argument("--first", type=int_range(0, None), default=0, metavar="I", help="index of the first program")
+    p.add_argument("--ext", type=int_range(1536, 65536), default=None, metavar="WORDS",
+                   help="pin the external memory words, 1536..65536 (default: the mix's)")
+    p.add_argument("--lat", type=int_range(1, 1024), default=None, metavar="N",
+                   help="pin the external read latency, 1..1024 (default: the mix's)")
+    p.add_argument("--budget", type=int_range(10_000, MAX_CYCLES), default=MAX_CYCLES, metavar="CYCLES",
+                   help=f"most cycles a program may take, 10000..{MAX_CYCLES} (smaller for the Amaranth simulator)")
+    return p
+
+
 def main(argv=None) -> int:
-    p = _Parser(prog="python -m sim.fuzz",
-                description="Run random programs (sim.progen) on the reference machine and on a simulator and "
-                            "compare every external word and the five counters.",
-                epilog=MIX_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--sim", default="verilator", help="the simulator to check: amaranth or verilator "
-                                                      "(default verilator)")
-    p.add_argument("--count", type=int, default=200, help="programs to run (default 200)")
-    p.add_argument("--seed", type=int, default=1, help="random seed (default 1); the same seed, the same run")
-    p.add_argument("--first", type=int, default=0, help="index of the first program (default 0)")
-    p.add_argument("--ext", type=int, default=None, help="pin the external memory words (default: the mix's)")
-    p.add_argument("--lat", type=int, default=None, help="pin the external read latency (default: the mix's)")
-    p.add_argument("--budget", type=int, default=MAX_CYCLES,
-                   help=f"most cycles a program may take (default {MAX_CYCLES}; smaller for the Amaranth "
-                        "simulator)")
-    a = p.parse_args(argv)
+    a = build_parser().parse_args(argv)
     if a.sim == "reference":
         raise UsageError("--sim reference would compare the reference machine with itself: "
                          "choose amaranth or verilator")
-    if a.count < 1:
-        raise UsageError(f"--count must be at least 1, got {a.count}")
-    if a.first < 0:
-        raise UsageError(f"--first must be at least 0, got {a.first}")
-    if a.lat is not None and not 1 <= a.lat <= 1024:
-        raise UsageError(f"--lat must be within 1..1024, got {a.lat}")
-    if a.ext is not None and not 1536 <= a.ext <= 65536:
-        raise UsageError(f"--ext must be within 1536..65536 (random programs need 1536 words), got {a.ext}")
-    if not 10_000 <= a.budget <= MAX_CYCLES:
-        raise UsageError(f"--budget must be within 10000..{MAX_CYCLES} cycles, got {a.budget}")
     backend = get_backend(a.sim)
     reference = get_backend("reference", check=False)
     s = fuzz(backend, reference, a.count, a.seed, a.ext, a.lat, first=a.first, budget=a.budget,
