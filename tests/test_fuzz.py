@@ -164,6 +164,8 @@ def test_failure_line_names_seed_index_and_a_command_that_reproduces_it(monkeypa
     assert s["failures"] == len(lines) == len(s["failed"]) > 0
     monkeypatch.setattr(fz, "get_backend", lambda name, **kw: (
         ReferenceMachine(**kw) if name == "reference" else _MiscountsVadd()))
+    import sim.backend
+    monkeypatch.setitem(sim.backend.BACKENDS, "planted", "tests.test_fuzz:_MiscountsVadd")   # --sim's choices
     for i, line in list(zip(s["failed"], lines))[:2]:
         c = fuzz_case(5, i, budget=10_000)
         assert line.startswith(f"FAIL program {i} (seed 5, EXT {c.ext}, LAT {c.lat}): first differing instruction pc ")
