@@ -46,7 +46,7 @@ __all__ = ["Mutant", "Outcome", "MUTANTS", "KINDS", "PROJECT_ROOT", "anchor_prob
            "copy_project", "project_build_dir", "run_checks", "run_mutant", "baseline", "main"]
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
-KINDS = ("host", "hdl", "compiler")
+KINDS = ("host", "hdl", "compiler", "sim")
 DEFAULT_TIMEOUT = 300.0
 # Never copied: version control, build products and caches (a copy gets its own).
 _IGNORE = shutil.ignore_patterns(".git", "build", "out", "__pycache__", ".pytest_cache", ".hypothesis",
@@ -60,7 +60,8 @@ class Mutant:
     Parameters
     ----------
     kind : str
-        ``host``, ``hdl`` or ``compiler`` (what ``--only`` selects).
+        ``host``, ``hdl``, ``compiler`` or ``sim`` (the reference machine and the comparisons that
+        judge the simulators; what ``--only`` selects).
     file : str
         Path of the mutated file, relative to the project root.
     anchor : str
@@ -248,6 +249,43 @@ MUTANTS: tuple[Mutant, ...] = (
        equivalent="plan_scales unites an output with its source and gives a scale group one scale, decided "
                   "once (issue 10; tests/test_random_graphs.py checks that rule on every random graph), so "
                   "both scales are the same float for every compiled program"),
+
+    # ---- added for issue 10: addressing, lengths, routing and the checkers themselves -----------------
+    _m("host", PT, "            t[-1] = q", "            pass",
+       "page table: after the copy-on-write copy the table still points at the shared page", T_PT),
+    _m("host", PT, "elif self._ref[t[-1]] > 1:", "elif self._ref[t[-1]] > 2:",
+       "page table: a page shared by two owners is written in place (copy only from three owners on)", T_PT),
+    _m("hdl", "hdl/dma.py", "len_r.eq(self.length)", "len_r.eq(self.length[:8])",
+       "DMA: the length register keeps only 8 bits (an LD of 257 words moves 1)", "tests/test_dma.py"),
+    _m("hdl", "hdl/dma.py", "pending = issued != len_r", "pending = issued != len_r + 1",
+       "DMA: the LD engine issues one read request more than its length", "tests/test_dma.py"),
+    _m("hdl", "hdl/unit_unpack.py", "self.wa.eq(dst + (i << 3) + j)", "self.wa.eq(dst + (i << 2) + j)",
+       "UNPACK: the nibbles of word i are written at dst + 4i instead of dst + 8i", "tests/test_units_simple.py"),
+    _m("hdl", "hdl/unit_unpack.py", "self.ra.eq(src + i)", "self.ra.eq(src)",
+       "UNPACK: every packed word is read from src (the source address does not advance)",
+       "tests/test_units_simple.py"),
+    _m("hdl", "hdl/unit_vadd.py", "self.wa.eq(dst + j)", "self.wa.eq(s1 + j)",
+       "VADD: the sums are written over src1 instead of dst", "tests/test_units_simple.py"),
+    _m("hdl", "hdl/unit_vadd.py", "Mux(cnt[0], s2, s1) + cnt[1:]", "Mux(cnt[0], s2, s1) + cnt[2:]",
+       "VADD: the read address advances every fourth cycle instead of every second", "tests/test_units_simple.py"),
+    _m("hdl", "hdl/chip.py", "sp.raddr.eq(store.ra)", "sp.raddr.eq(store.ra + 1)",
+       "scratchpad port: ST's read address is routed one word too far", "tests/test_chip_amaranth.py"),
+    _m("hdl", "hdl/chip.py", "sp.waddr.eq(ld.wa)", "sp.waddr.eq(ld.wa ^ 1)",
+       "scratchpad port: LD's write address is routed with its lowest bit flipped", "tests/test_chip_amaranth.py"),
+    _m("hdl", "hdl/scratchpad.py", "wr.addr.eq(self.waddr),", "wr.addr.eq(self.raddr),",
+       "scratchpad: the write port takes the read address", "tests/test_scratchpad.py"),
+    _m("sim", "sim/reference.py", "counters[0] += 2 + busy", "counters[0] += 1 + busy",
+       "reference machine: an instruction costs 1 + busy cycles (no ISSUE cycle)", "tests/test_reference.py"),
+    _m("sim", "sim/reference.py", "_CLASS = {Op.LD: 2, Op.ST: 2, Op.MM: 1}", "_CLASS = {Op.LD: 2, Op.MM: 1}",
+       "reference machine: ST's busy cycles are counted as vector cycles, not DMA", "tests/test_reference.py"),
+    _m("sim", "sim/reference.py", "prev = vadd_sat(x, y) & _W", "prev = vadd_sat(x, x) & _W",
+       "reference machine: VADD adds src1 to itself", "tests/test_reference.py"),
+    _m("sim", "sim/backend.py", "for name, a, b in zip(COUNTER_NAMES, expected.counters, got.counters):",
+       "for name, a, b in zip(COUNTER_NAMES[:4], expected.counters, got.counters):",
+       "comparison: first_difference never compares n_inst", "tests/test_backend.py"),
+    _m("sim", "sim/decode.py", "    if a.check:", "    if False:",
+       "decode: --check runs no reference beside the simulator",
+       "tests/test_decode.py::test_check_option_puts_the_reference_beside_the_simulator"),
 )
 
 

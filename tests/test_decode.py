@@ -150,3 +150,27 @@ def test_check_names_the_step_and_the_first_differing_instruction():
     first_vadd = next(pc for pc, w in enumerate(program) if operands(w)["op"] == Op.VADD)
     assert str(e.value).startswith("run 1 on faulty differs from the reference: counter cyc_vec")
     assert f"first at pc {first_vadd} (vadd " in str(e.value)
+
+
+def test_check_option_puts_the_reference_beside_the_simulator(monkeypatch):
+    """--check on a simulator that adds one to cyc_total: stopped at the first step; without --check the
+    same simulator runs through (so it is the option that stops it)."""
+    import io
+
+    import sim.backend
+    from sim.backend import SimError
+    from sim.reference import ReferenceMachine
+
+    class OneCycleTooMany(ReferenceMachine):
+        name = "faulty"
+
+        def run(self, program, image, lat=8):
+            res = super().run(program, image, lat)
+            res.counters[0] += 1
+            return res
+
+    monkeypatch.setattr(sim.backend, "get_backend", lambda name, **options: OneCycleTooMany())
+    args = ["--sim", "reference", "--steps", "2", "--quiet"]
+    decode.run_decode(decode.build_parser().parse_args(args), out=io.StringIO())
+    with pytest.raises(SimError, match="differs from the reference: counter cyc_total"):
+        decode.run_decode(decode.build_parser().parse_args(args + ["--check"]), out=io.StringIO())

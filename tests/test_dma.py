@@ -70,7 +70,8 @@ EXT = [random.Random(3).getrandbits(32) for _ in range(600)]
 
 
 @pytest.mark.parametrize("lat", [1, 8, 20])
-@pytest.mark.parametrize("length", [1, 2, 255])
+# 257: a length whose ninth bit matters (the length register is as wide as a scratchpad address)
+@pytest.mark.parametrize("length", [1, 2, 255, 257])
 def test_timing(lat, length):
     (log,) = transfer([(100, 37, length)], lat, EXT)
     assert log == expected_log(100, 37, length, lat, EXT)

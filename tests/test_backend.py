@@ -1,0 +1,42 @@
+"""`sim.backend.first_difference`, the one comparison behind every simulator-versus-reference check: a
+difference in any one counter or in any one external word, first, middle or last, is found and named."""
+import pytest
+
+from sim.backend import COUNTER_NAMES, RunResult, first_difference
+
+COUNTERS = [9039, 5196, 3203, 490, 74]
+EXT = [0x11111111 * (i % 15) for i in range(40)]
+
+
+def _result(counters=COUNTERS, ext=EXT):
+    r = RunResult(ext=list(ext), counters=list(counters))
+    if hasattr(r, "scratchpad"):            # the same final scratchpad on both sides
+        r.scratchpad = [0] * 4096
+    return r
+
+
+def test_identical_runs_have_no_difference():
+    assert first_difference(_result(), _result()) is None
+
+
+@pytest.mark.parametrize("k", range(5))
+def test_every_counter_is_compared(k):
+    got = list(COUNTERS)
+    got[k] += 1 << 31                   # a difference in the top bit as well as a small one
+    assert first_difference(_result(), _result(counters=got)) == \
+        f"counter {COUNTER_NAMES[k]}: expected {COUNTERS[k]}, got {got[k]}"
+
+
+@pytest.mark.parametrize("i", [0, 1, 20, len(EXT) - 1])
+def test_every_external_word_is_compared(i):
+    got = list(EXT)
+    got[i] ^= 0x80000000
+    assert first_difference(_result(), _result(ext=got)) == \
+        f"external word {i}: expected 0x{EXT[i]:08x}, got 0x{got[i]:08x}"
+
+
+def test_counters_come_before_words():
+    got = list(EXT)
+    got[0] += 1
+    diff = first_difference(_result(), _result(counters=COUNTERS[:4] + [75], ext=got))
+    assert diff == "counter n_inst: expected 74, got 75"
