@@ -1,9 +1,15 @@
 """The paged host (model spec 5.4) on the reference machine: paged == plain host in integers, exact page
-counts, the rule under every window, the chapter's 32-step decodes, 5c, and argument errors."""
+counts, the rule under every window, the chapter's 32-step decodes, 5c, argument errors, a pool that is too
+small refused before the first step with nothing changed, and a plain host that never touches a page table."""
+import copy
 import math
+import subprocess
+import sys
+import time
 
 import pytest
 
+import host.paged
 from host import tiny_lm as T
 from host.paged import HostError, PagedChip
 from host.pagetable import OutOfPages
@@ -29,15 +35,22 @@ def structured():
 PAIRS = [(None, 4), (8, 4), (6, 2), (4, 4), (3, 1)]
 
 
+def table_state(pt):
+    """Everything a page table holds (pool contents, free list, counts, block tables, lengths, dropped)."""
+    return copy.deepcopy(vars(pt))
+
+
 @pytest.fixture(scope="module")
 def pair_runs(structured):
     runs = {}
     for W, page in PAIRS:
         chip = PagedChip(structured, 24, W, page, 64, backend=MACHINE)
         t1, r1 = chip.generate(0, 24)
-        peak = chip.peak
+        peak, pt, state = chip.peak, chip.pagetable, table_state(chip.pagetable)
         chip.paged = False
         t2, r2 = chip.generate(0, 24)
+        # the plain run left the paged run's table and peak alone
+        assert chip.pagetable is pt and table_state(pt) == state and chip.peak == peak
         runs[W, page] = (chip, t1, r1, peak, t2, r2)
     return runs
 
@@ -63,10 +76,12 @@ def test_exact_page_counts_and_bounds(pair_runs, W, page):
         assert r1[-1]["pages"] == math.ceil(24 / page)
     else:
         B = math.ceil((W - 1) / page) + 1
-        assert peak <= B + 1 and r1[-1]["pages"] <= B
+        # after its trim a step holds the W-1 rows the next step reads: at most B pages (spec 5.5 allows B+1)
+        assert peak <= B and r1[-1]["pages"] <= B
         assert sorted(chip.progs) == list(range(1, W + 1))
-    # spec 5.4: the page table is kept in parallel either way; only the gather's source differs
-    assert [r["pages"] for r in r2] == [r["pages"] for r in r1]
+    assert peak == max(held_pages_brute(0 if W is None else max(0, L + 1 - W), L, page) for L in range(1, 25))
+    # the plain host keeps its rows in a list and counts no pages
+    assert [r["pages"] for r in r2] == [None] * 24
 
 
 # ---- the chapter's 32-step decodes (spec 5.5 table; cycles of spec 6.2) -----------------------------
@@ -124,10 +139,72 @@ def test_5c_chip_follows_windowed_float(W):
 
 
 # ---- resources and arguments ------------------------------------------------------------------------
-def test_out_of_pages(structured):
-    chip = PagedChip(structured, 12, None, 4, 2, backend=MACHINE)
-    with pytest.raises(OutOfPages):
-        chip.generate(0, 12)            # 8 rows fit in 2 pages; the 9th append needs a third
+class CountingMachine:
+    """The reference machine, counting the programs it was asked to run."""
+
+    def __init__(self):
+        self.runs = 0
+
+    def run(self, code, image, lat):
+        self.runs += 1
+        return MACHINE.run(code, image, lat)
+
+
+def host_state(chip):
+    return (table_state(chip.pagetable), chip.peak, sorted(chip.progs))
+
+
+def test_out_of_pages_is_refused_before_the_first_step(structured):
+    backend = CountingMachine()
+    chip = PagedChip(structured, 12, None, 4, 2, backend=backend)
+    chip.generate(0, 8)                 # 8 rows fit in 2 pages
+    before, runs = host_state(chip), backend.runs
+    with pytest.raises(OutOfPages) as e:
+        chip.generate(0, 12)            # the 9th append needs a third page
+    assert str(e.value) == ("out of pages: step 9 needs 3 pages of 4 rows and the pool has 2 "
+                            "(12 steps with window none need 3)")
+    assert backend.runs == runs and host_state(chip) == before
+
+
+@pytest.mark.parametrize("W,page,pool,n,message", [
+    # worked by hand: rows max(0, L-W)..L-1 are held once step L has appended; they span the pages counted
+    (4, 4, 1, 20, "step 5 needs 2 pages of 4 rows and the pool has 1 (20 steps with window 4 need 2)"),
+    (6, 2, 3, 20, "step 7 needs 4 pages of 2 rows and the pool has 3 (20 steps with window 6 need 4)"),
+    (2, 1, 1, 5, "step 2 needs 2 pages of 1 rows and the pool has 1 (5 steps with window 2 need 2)"),
+])
+def test_windowed_pool_too_small(structured, W, page, pool, n, message):
+    backend = CountingMachine()
+    chip = PagedChip(structured, 6, W, page, pool, backend=backend)
+    with pytest.raises(OutOfPages) as e:
+        chip.generate(0, n)
+    assert str(e.value) == "out of pages: " + message
+    assert backend.runs == 0 and chip.pagetable is None and chip.peak == 0 and chip.progs == {}
+
+
+def test_out_of_pages_during_a_run_leaves_the_host_as_it_was(structured, monkeypatch):
+    # should the pool check ever be wrong, the page table itself runs out: the message still names the step
+    backend = CountingMachine()
+    chip = PagedChip(structured, 12, None, 4, 2, backend=backend)
+    chip.generate(3, 8)
+    before = host_state(chip)
+    monkeypatch.setattr(host.paged, "check_decode", lambda *args, **kwargs: None)
+    with pytest.raises(OutOfPages) as e:
+        chip.generate(0, 12)
+    assert str(e.value) == ("out of pages at step 9, which needs 3 pages of 4 rows and the pool has 2: "
+                            "no free page for row 8 of request 0: all 2 pages of 4 rows are in use")
+    assert backend.runs == 8 + 9
+    assert host_state(chip)[:2] == before[:2]       # the table and peak of the last completed decode
+
+
+def test_plain_host_touches_no_page_table(structured, monkeypatch):
+    class NoTable:
+        def __init__(self, *args, **kwargs):
+            raise AssertionError("the plain host created a page table")
+    chip = PagedChip(structured, 12, None, 4, 1, paged=False, backend=MACHINE)   # 1 page: 4 rows only
+    monkeypatch.setattr(host.paged, "PageTable", NoTable)
+    toks, rec = chip.generate(0, 12)
+    assert toks == rule(0, 12) and [r["pages"] for r in rec] == [None] * 12
+    assert chip.pagetable is None and chip.peak == 0
 
 
 def test_generate_is_repeatable(structured):
@@ -146,11 +223,35 @@ def test_generate_is_repeatable(structured):
     ({"n_pages": 0}, "pool size (n_pages) must be >= 1, got 0"),
     ({"starts": [16]}, "calibration start must be a token 0..15, got 16"),
     ({"backend": object()}, "backend must have a run(code, image, lat) method, got object"),
+    ({"paged": "no"}, "paged must be True or False, got 'no'"),
+    ({"starts": 5}, "starts must be an iterable of tokens, got int"),
+    ({"steps": 65}, "a context of 65 tokens exceeds the chip's limit of 64 (the attention's p.V has K = context "
+                    "and a matmul's K is at most 64): decode fewer steps or use a window of at most 64"),
+    ({"steps": 70, "W": 65}, "a context of 65 tokens exceeds the chip's limit of 64 (the attention's p.V has "
+                             "K = context and a matmul's K is at most 64): decode fewer steps or use a window of "
+                             "at most 64"),
+    ({"n_pages": 2**18 + 1}, "a pool of 262145 pages of 4 rows holds 1048580 rows, more than the 1048576 allowed"),
+    ({"page": 2**20, "n_pages": 2}, "a pool of 2 pages of 1048576 rows holds 2097152 rows, more than the 1048576 "
+                                    "allowed"),
+    ({"m": None}, "model must be a dict of weights (host.tiny_lm.make_model), got NoneType"),
+    ({"m": {}}, "model has no E, Wq, Wk, Wv, Wo, W1, W2, Wout (host.tiny_lm.make_model gives every weight)"),
+    ({"m": "drop Wout"}, "model has no Wout (host.tiny_lm.make_model gives every weight)"),
+    ({"m": "short E"}, "model weight E must be 16 rows of 16 numbers"),
+    ({"m": "nan in W2"}, "model weight W2 holds a value that is not a finite number"),
 ])
 def test_bad_construction(structured, kwargs, message):
-    args = {"steps": 4, "W": None, "page": 4, "n_pages": 64, **kwargs}
+    args = {"m": structured, "steps": 4, "W": None, "page": 4, "n_pages": 64, **kwargs}
+    m = copy.deepcopy(structured)
+    if args["m"] == "drop Wout":
+        del m["Wout"]
+    elif args["m"] == "short E":
+        m["E"] = m["E"][:15]
+    elif args["m"] == "nan in W2":
+        m["W2"][31][15] = float("nan")
+    if isinstance(args["m"], str):
+        args["m"] = m
     with pytest.raises(HostError) as e:
-        PagedChip(structured, **args)
+        PagedChip(**args)
     assert str(e.value) == message
 
 
@@ -163,6 +264,8 @@ def test_bad_construction(structured, kwargs, message):
     (lambda c: c.generate(0, 3, force=[0, 3]), "force must be a sequence of at least 4 tokens, got 2"),
     (lambda c: c.generate(0, 2, force=[0, 3, 99]), "force[2] must be a token 0..15, got 99"),
     (lambda c: c.generate(0, 2, progress=3), "progress must be a callable(L, n) or None, got int"),
+    (lambda c: c.generate(0, 2, progress=print.__self__.len), "progress must accept two arguments (L, n), "
+                                                              "got <built-in function len>"),
 ])
 def test_bad_generate(structured, call, message):
     chip = PagedChip(structured, 4, None, backend=MACHINE)
@@ -192,3 +295,39 @@ def test_host_imports_no_simulator_and_no_amaranth():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=__file__.rsplit("/tests/", 1)[0]).stdout.strip()
     assert out == "[]"
+
+
+# ---- the command refuses a pool that is too small before any simulation ------------------------------
+@pytest.mark.parametrize("args,message", [
+    (["--pages", "7"], "step 29 needs 8 pages of 4 rows and the pool has 7 (32 steps with window none need 8)"),
+    (["--steps", "20", "--window", "6", "--page", "2", "--pages", "3"],
+     "step 7 needs 4 pages of 2 rows and the pool has 3 (20 steps with window 6 need 4)"),
+    (["--window", "4", "--pages", "1"], "step 5 needs 2 pages of 4 rows and the pool has 1 (32 steps with window 4 need 2)"),
+    (["--steps", "12", "--page", "1", "--pages", "11"],
+     "step 12 needs 12 pages of 1 rows and the pool has 11 (12 steps with window none need 12)"),
+])
+def test_decode_command_refuses_a_small_pool_at_once(tmp_path, args, message):
+    path = tmp_path / "never.json"
+    t0 = time.perf_counter()
+    # the default simulator (Amaranth): a refusal after building it would take far longer than two seconds
+    p = subprocess.run([sys.executable, "-m", "sim.decode", *args, "--json", str(path)], capture_output=True,
+                       text=True, timeout=60, cwd=__file__.rsplit("/tests/", 1)[0])
+    elapsed = time.perf_counter() - t0
+    assert (p.returncode, p.stdout, p.stderr) == (2, "", f"error: out of pages: {message}\n")
+    assert elapsed < 2.0, f"{elapsed:.2f} s"
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_decode_command_refuses_before_building_a_simulator_or_calibrating(tmp_path, monkeypatch, capsys):
+    import sim.backend
+    from sim import decode
+    from sim.cli import guarded
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("work started before the pool was checked")
+    monkeypatch.setattr(sim.backend, "get_backend", forbidden)
+    monkeypatch.setattr(host.paged, "calibrate", forbidden)
+    assert guarded(decode.main, ["--pages", "7", "--json", str(tmp_path / "never.json")]) == 2
+    assert capsys.readouterr().err == ("error: out of pages: step 29 needs 8 pages of 4 rows and the pool has 7 "
+                                       "(32 steps with window none need 8)\n")
+    assert list(tmp_path.iterdir()) == []
