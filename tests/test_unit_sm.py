@@ -8,7 +8,7 @@ import random
 from hdl.arith import softmax_q16
 from hdl.isa import operands, sm
 from hdl.unit_sm import SoftmaxUnit
-from tests.unitbench import SPAD_DEPTH, simulate
+from tests.unitbench import SPAD_DEPTH, nonzero_words, simulate
 
 
 def busy_time(length):
@@ -57,22 +57,35 @@ def test_r7_on_chip():
     ]
     for word, b, _, _ in run_cases(cases, seed=7):
         assert b == 59
-    # The figures themselves, read from the scratchpad the unit wrote.
+    # The figures themselves, read from the scratchpad the unit wrote; no other word changes.
+    mirror = nonzero_words(7)
+    mirror[0:4] = [32, 16, 0, 0xF0]
+
     async def bench_fn(ctx, bench):
-        bench.fill(ctx, scores_at(0, [32, 16, 0, -16]))
+        bench.fill(ctx, mirror)
         b, _ = await bench.issue(ctx, sm(2048, 0, 4).word)
-        return b, bench.dump(ctx)[2048:2052]
+        got = bench.dump(ctx)[2048:2052]
+        mirror[2048:2052] = [42200, 15524, 5711, 2101]
+        bench.check_against(ctx, mirror, sm(2048, 0, 4).word)
+        return b, got
     assert simulate(SoftmaxUnit(), bench_fn) == (59, [42200, 15524, 5711, 2101])
 
 
 def test_equal_scores_and_single_element():
-    """R7 on chip: eight equal scores give 8192 each (busy 71); len 1 gives 65536 (busy 50)."""
+    """R7 on chip: eight equal scores give 8192 each (busy 71); len 1 gives 65536 (busy 50); nothing else of a
+    scratchpad of random non-zero words changes."""
+    mirror = nonzero_words(8)
+    for a, w in {**scores_at(100, [-5] * 8, junk=0x123456), **scores_at(200, [77])}.items():
+        mirror[a] = w
+
     async def bench_fn(ctx, bench):
-        bench.fill(ctx, scores_at(100, [-5] * 8, junk=0x123456))
-        bench.fill(ctx, scores_at(200, [77]))
+        bench.fill(ctx, mirror)
         b8, _ = await bench.issue(ctx, sm(300, 100, 8).word)
         b1, _ = await bench.issue(ctx, sm(400, 200, 1).word)
         mem = bench.dump(ctx)
+        mirror[300:308] = [8192] * 8
+        mirror[400] = 65536
+        bench.check_against(ctx, mirror, sm(400, 200, 1).word)
         return b8, mem[300:308], b1, mem[400]
     assert simulate(SoftmaxUnit(), bench_fn) == (71, [8192] * 8, 50, 65536)
 
@@ -147,8 +160,13 @@ def test_start_while_busy_is_ignored():
 
 
 def test_zero_length_hangs():
-    """len = 0 is illegal; like the book's RTL the unit then never raises done and writes nothing."""
+    """len = 0 is illegal; like the book's RTL the unit then never raises done and writes nothing: every word
+    of a scratchpad of random non-zero words is unchanged."""
+    background = nonzero_words(0)
+
     async def bench_fn(ctx, bench):
+        bench.fill(ctx, background)
         b, _ = await bench.issue(ctx, sm(100, 0, 0).word, hang=True, limit=300)
-        return b, any(bench.dump(ctx))
-    assert simulate(SoftmaxUnit(), bench_fn) == (None, False)
+        bench.check_against(ctx, background, sm(100, 0, 0).word)
+        return b
+    assert simulate(SoftmaxUnit(), bench_fn) is None

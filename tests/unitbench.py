@@ -13,10 +13,17 @@ from amaranth.sim import Simulator
 
 from hdl.scratchpad import Scratchpad
 
-__all__ = ["UnitBench", "Cycle", "simulate"]
+__all__ = ["UnitBench", "Cycle", "simulate", "nonzero_words"]
 
 SPAD_DEPTH = 4096
 MASK32 = 0xFFFFFFFF
+
+
+def nonzero_words(seed: int) -> list[int]:
+    """A whole scratchpad of random words, none of them 0: a unit that wrote a zero (or anything) where it
+    should write nothing is seen, which an all-zero scratchpad would hide."""
+    rng = random.Random(seed)
+    return [rng.randrange(1, MASK32 + 1) for _ in range(SPAD_DEPTH)]
 
 
 class Cycle:
