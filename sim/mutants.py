@@ -27,7 +27,6 @@ hdl/ sources, the driver and the flags, so a mutant of any of them builds its ow
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import re
@@ -627,18 +626,25 @@ def _label(i: int, m: Mutant) -> str:
     return f"{m.kind:8s} {i:2d}  {m.description}"
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m sim.mutants", description=(
-        "Mutation testing: run one-line broken versions of the project against the tests that should catch "
-        "them, each in a temporary copy of the project. 'caught' is the expected answer."))
-    ap.add_argument("--only", choices=KINDS, help="run only the mutants of this kind")
-    ap.add_argument("--jobs", type=int, default=1, metavar="N", help="mutants run at once (default 1)")
+def build_parser():
+    from sim.cli import Parser, int_range
+    ap = Parser("python -m sim.mutants",
+                "Mutation testing: run one-line broken versions of the project against the tests that should "
+                "catch them, each in a temporary copy of the project. 'caught' is the expected answer; the "
+                "exit status is 0 only if every mutant not argued equivalent is caught. A full run takes "
+                "minutes (see README); --only and --list for less.",
+                "python -m sim.mutants --jobs 2\npython -m sim.mutants --only host --list")
+    ap.add_argument("--only", choices=KINDS, help="run only the mutants of this kind (default: every kind)")
+    ap.add_argument("--jobs", type=int_range(1, 64), default=1, metavar="N", help="mutants run at once, 1..64")
     ap.add_argument("--list", action="store_true", help="list the mutants and their checks, run nothing")
     ap.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, metavar="S",
                     help=f"seconds allowed to one mutant's checks (default {DEFAULT_TIMEOUT:.0f})")
+    return ap
+
+
+def main(argv=None) -> int:
+    ap = build_parser()
     args = ap.parse_args(argv)
-    if args.jobs < 1:
-        ap.error(f"--jobs must be >= 1, got {args.jobs}")
     if not args.timeout > 0:
         ap.error(f"--timeout must be > 0, got {args.timeout}")
     chosen = [(i, m) for i, m in enumerate(MUTANTS, 1) if args.only in (None, m.kind)]
@@ -706,4 +712,5 @@ def _run(chosen, args, pool, t_start) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    from sim.cli import guarded
+    sys.exit(guarded(main))
