@@ -63,9 +63,10 @@ def _run_all(backend, jobs):
     return [backend.run(p, i, lat) for p, i, lat in jobs]
 
 
-def bench(jobs, sims, repeat: int = 3, out=sys.stdout) -> dict:
+def bench(jobs, sims, repeat: int = 3, out=None) -> dict:
     """Time `jobs` on each simulator of `sims` (best of `repeat` for the fast ones); prints a table and
     returns {"jobs", "cycles", "backends": {sim: figures}}."""
+    out = out or sys.stdout
     reference = get_backend("reference")
     ref_wall = float("inf")
     for _ in range(repeat):

@@ -91,8 +91,9 @@ class _Counted:
         return r
 
 
-def run_decode(a, out=sys.stdout):
+def run_decode(a, out=None):
     """Run the decode described by parsed arguments `a`; returns the JSON-ready result dict."""
+    out = out or sys.stdout             # looked up now, not at import: a caller may have redirected it
     from host import tiny_lm as T
     from host.paged import PagedChip
     from sim.backend import get_backend

@@ -338,12 +338,13 @@ def parse_parts(text: str) -> list[int]:
     return parts
 
 
-def run_decodes(out_dir, missing, out=sys.stdout) -> None:
+def run_decodes(out_dir, missing, out=None) -> None:
     """Run the decodes of `missing` (keys of DECODE_FILES) on the reference machine, as ``sim.decode
     --sim reference --json DIR/decode_W.json`` would, and write their JSON files into `out_dir`."""
     import io
 
     from sim import decode
+    out = out or sys.stdout
     for w in missing:
         path = os.path.join(out_dir, DECODE_FILES[w])
         a = decode.build_parser().parse_args(["--window", w, "--sim", "reference", "--quiet", "--json", path])
