@@ -1,7 +1,8 @@
 """ChipHarness: the GA-2 chip, its program ROM and the external memory model in one design.
 
 Run protocol: reset for one edge, load ROM and ext (backdoor ports or the Memories directly), pulse
-`start` for one edge, clock until `halted`, then read the counters and ext (backdoor or Memory).
+`start` for one edge, clock until `halted`, then read the counters, ext and the scratchpad (backdoor
+ports or the Memories).
 """
 
 from amaranth.hdl import Module
@@ -11,6 +12,7 @@ from amaranth.lib.wiring import In, Out
 
 from .chip import GA2
 from .extmem import ExtMemory
+from .isa import SPAD_WORDS
 
 __all__ = ["ChipHarness", "HARNESS_SIGNATURE"]
 
@@ -31,6 +33,8 @@ HARNESS_SIGNATURE = wiring.Signature({
     "ext_addr":  In(16),
     "ext_wdata": In(32),
     "ext_rdata": Out(32),
+    "spad_addr": In(range(SPAD_WORDS)),
+    "spad_rdata": Out(32),
 })
 
 
@@ -46,9 +50,9 @@ class ChipHarness(wiring.Component):
     rom_words : int
         Program ROM depth; the chip's ``imem_addr`` is taken modulo it (the book's ROM: 256).
     backdoor : bool
-        Build the backdoor write ports (needed by simulators that cannot poke memories). Without
-        them the ``rom_*``/``ext_*`` ports are ignored (``ext_rdata`` reads 0) and the memories must be
-        loaded and read directly;
+        Build the backdoor ports (needed by simulators that cannot poke memories). Without them the
+        ``rom_*``/``ext_*``/``spad_*`` ports are ignored (``ext_rdata``, ``spad_rdata`` read 0) and the
+        memories must be loaded and read directly;
         Amaranth's simulator runs faster that way (a write port is evaluated on every cycle).
 
     Ports
@@ -65,6 +69,10 @@ class ChipHarness(wiring.Component):
         Backdoor external-memory write (before ``start``; the chip's own writes take priority).
     ext_rdata : Out(32)
         Combinational read of external memory at ``ext_addr``.
+    spad_addr : In(12)
+        Backdoor scratchpad read address (after the run).
+    spad_rdata : Out(32)
+        Combinational read of the chip's scratchpad at ``spad_addr``.
 
     Attributes
     ----------
@@ -119,6 +127,9 @@ class ChipHarness(wiring.Component):
                 ext.bd_addr.eq(self.ext_addr),
                 self.ext_rdata.eq(ext.bd_rdata),
             ]
+            # a read port of its own on the chip's scratchpad: the chip's port is busy with the chip
+            peek = chip.scratchpad.memory.read_port(domain="comb")
+            m.d.comb += [peek.addr.eq(self.spad_addr), self.spad_rdata.eq(peek.data)]
 
         rw.d.comb += [
             ext.req_valid.eq(chip.req_valid),

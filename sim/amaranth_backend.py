@@ -3,7 +3,8 @@
 One `Simulator` per (EXT, LAT) is built on first use and reused: `Simulator.reset()` returns every
 register and memory to its initial (zero) state, which also zeroes the scratchpad as the book's
 testbench does. The ROM and the image are written into the memories before `start`; during the run the
-testbench sleeps until `halted` rises (or the cycle budget runs out), so no Python runs per cycle.
+testbench sleeps until `halted` rises (or the cycle budget runs out), so no Python runs per cycle; then
+it reads the counters, the external memory and the scratchpad straight from the signals and Memories.
 """
 from __future__ import annotations
 
@@ -38,6 +39,8 @@ class _Rig:
         # the memory rows, built once: indexing a MemoryData makes a new object every time
         self.rom_rows = [self.harness.rom.data[i] for i in range(self.harness.rom.depth)]
         self.ext_rows = [self.harness.ext.data[i] for i in range(ext_words)]
+        spad = self.harness.chip.scratchpad.memory
+        self.spad_rows = [spad.data[i] for i in range(spad.depth)]
 
     async def _bench(self, ctx):
         job = self.job
@@ -67,6 +70,7 @@ class _Rig:
         job.counters = [ctx.get(c) for c in (h.cyc_total, h.cyc_mm, h.cyc_dma, h.cyc_vec, h.n_inst)]
         job.where = (ctx.get(chip.pc), ctx.get(chip.cur), ctx.get(chip.state))
         job.ext = [ctx.get(row) for row in self.ext_rows]
+        job.scratchpad = [ctx.get(row) for row in self.spad_rows]
 
     def run(self, job, vcd=None):
         if not self.fresh:
@@ -92,6 +96,7 @@ class _Job:
         self.counters = None
         self.where = None
         self.ext = None
+        self.scratchpad = None
 
 
 class AmaranthBackend(Backend):
@@ -129,7 +134,7 @@ class AmaranthBackend(Backend):
             pc, cur, state = job.where
             raise DidNotHalt(f"did not halt within {self.max_cycles} cycles "
                              f"({_where(pc, cur, state, rom)})")
-        return RunResult(ext=job.ext, counters=job.counters)
+        return RunResult(ext=job.ext, counters=job.counters, scratchpad=job.scratchpad)
 
 
 def _where(pc, cur, state, rom):

@@ -1,9 +1,10 @@
 """The one interface every simulator of the chip answers (architecture: "The backend interface").
 
 A backend runs a program (a list of 128-bit instruction words, HALT last) on an external-memory image
-(a list of 32-bit words; its length is EXT) with read latency LAT, and returns the final external memory
-and the five counters ``[total, mm, dma, vec, instructions]``. The reference machine, the Amaranth
-simulation and Verilator must return identical results for every program.
+(a list of 32-bit words; its length is EXT) with read latency LAT, and returns the final external memory,
+the final scratchpad (all 4096 words) and the five counters ``[total, mm, dma, vec, instructions]``. The
+reference machine, the Amaranth simulation and Verilator must return identical results for every program
+and every LAT in 1..MAX_LAT; `first_difference` is the one comparison.
 """
 from __future__ import annotations
 
@@ -34,8 +35,23 @@ class TraceEntry:
 
 @dataclass
 class RunResult:
-    ext: list[int]                  # final external memory, unsigned 32-bit words
-    counters: list[int]             # [cyc_total, cyc_mm, cyc_dma, cyc_vec, n_inst]
+    """What a run leaves behind.
+
+    Attributes
+    ----------
+    ext : list of int
+        The final external memory, EXT unsigned 32-bit words.
+    counters : list of int
+        ``[cyc_total, cyc_mm, cyc_dma, cyc_vec, n_inst]``.
+    scratchpad : list of int or None
+        The final scratchpad, ``hdl.isa.SPAD_WORDS`` unsigned words. Every backend fills it; only an
+        expectation read from a record file (the book's format has no scratchpad) leaves it None.
+    trace : list of TraceEntry or None
+        One entry per executed instruction, when the backend was asked for it.
+    """
+    ext: list[int]
+    counters: list[int]
+    scratchpad: list[int] | None = field(default=None)
     trace: list[TraceEntry] | None = field(default=None)
 
     @property
@@ -163,14 +179,39 @@ def get_backend(name: str, **options) -> Backend:
     return getattr(module, cls_name)(**options)
 
 
-def first_difference(expected: RunResult, got: RunResult) -> str | None:
-    """A one-line description of the first differing counter or external word, or None if identical."""
+def first_difference(expected: RunResult, got: RunResult, scratchpad: bool = True) -> str | None:
+    """A one-line description of the first difference between two runs, or None if they are identical.
+
+    Compared in this order, each list's length before its words: the five counters, the external
+    memory, the scratchpad.
+
+    Parameters
+    ----------
+    expected, got : RunResult
+    scratchpad : bool
+        Compare the scratchpads too (the default). Only a comparison with an expectation that has none
+        (a record file's) passes False; when compared, a missing scratchpad is itself a difference.
+    """
+    for name, a, b in (("counters", expected.counters, got.counters), ("external memory", expected.ext, got.ext)):
+        if len(a) != len(b):
+            return f"{name}: expected {len(a)} values, got {len(b)}"
     for name, a, b in zip(COUNTER_NAMES, expected.counters, got.counters):
         if a != b:
             return f"counter {name}: expected {a}, got {b}"
-    if len(expected.ext) != len(got.ext):
-        return f"external memory size: expected {len(expected.ext)} words, got {len(got.ext)}"
-    for i, (a, b) in enumerate(zip(expected.ext, got.ext)):
+    diff = _first_word(expected.ext, got.ext, "external word")
+    if diff is not None or not scratchpad:
+        return diff
+    if expected.scratchpad is None or got.scratchpad is None:
+        which = [side for side, r in (("expected", expected), ("got", got)) if r.scratchpad is None]
+        return f"scratchpad: missing in the {' and the '.join(which)} result"
+    if len(expected.scratchpad) != len(got.scratchpad):
+        return f"scratchpad: expected {len(expected.scratchpad)} words, got {len(got.scratchpad)}"
+    return _first_word(expected.scratchpad, got.scratchpad, "scratchpad word")
+
+
+def _first_word(expected: list[int], got: list[int], what: str) -> str | None:
+    """The first index where two lists of the same length differ, described, or None."""
+    for i, (a, b) in enumerate(zip(expected, got)):
         if a != b:
-            return f"external word {i}: expected 0x{a:08x}, got 0x{b:08x}"
+            return f"{what} {i}: expected 0x{a:08x}, got 0x{b:08x}"
     return None

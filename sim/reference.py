@@ -1,7 +1,7 @@
 """The reference machine: GA-2 executed one instruction at a time in plain Python (the oracle).
 
-Contract: the final external memory and the five counters equal the chip's bit for bit; each
-instruction costs ``2 + hdl.isa.busy_cycles`` cycles (HALT 2), so the counters need no cycle loop.
+Contract: the final external memory, the final scratchpad and the five counters equal the chip's bit for
+bit; each instruction costs ``2 + hdl.isa.busy_cycles`` cycles (HALT 2), so the counters need no cycle loop.
 Operands are the bits the hardware reads (``hdl.isa.operands``), arithmetic is ``hdl.arith``, and the
 order of scratchpad reads and writes inside a unit follows its pipeline (hardware spec 4), so even a
 legal-but-odd program (partially overlapping RQ/VADD/SM operands) gives what the chip gives.
@@ -53,12 +53,6 @@ class ReferenceMachine(Backend):
         illegal one raises `IllegalInstruction`. When false the machine does what the hardware does:
         addresses wrap, external reads past the end give 0xDEADBEEF, writes past the end are
         dropped, and a zero length or M/K/N hangs (`DidNotHalt`).
-
-    Attributes
-    ----------
-    spad : list of int
-        The scratchpad after the last `run` (4096 unsigned words), for debugging and tests; the
-        book's testbench never compares it.
     """
     name = "reference"
 
@@ -66,7 +60,6 @@ class ReferenceMachine(Backend):
         self.max_cycles = check_max_cycles(max_cycles)
         self.trace = trace
         self.check = check
-        self.spad: list[int] = [0] * SPAD_WORDS
 
     # ---- the run -----------------------------------------------------------------------------
 
@@ -78,7 +71,6 @@ class ReferenceMachine(Backend):
         ext = image_words(image)
         n_ext = len(ext)
         spad = [0] * SPAD_WORDS
-        self.spad = spad
         counters = [0, 0, 0, 0, 0]
         trace = [] if self.trace else None
         check = self.check
@@ -117,7 +109,7 @@ class ReferenceMachine(Backend):
                 trace.append(TraceEntry(pc, fetch, fetch + 1, fetch + 1 + busy))
             _EXEC[op](o, spad, ext, n_ext)
             pc = (pc + 1) & 0xFFFF
-        return RunResult(ext=ext, counters=[c & _W for c in counters], trace=trace)
+        return RunResult(ext=ext, counters=[c & _W for c in counters], scratchpad=spad, trace=trace)
 
     @staticmethod
     def _hang_check(o, pc, limit):

@@ -3,6 +3,9 @@
 ``python -m sim.replay FILE.hex [--sim reference|amaranth|verilator] [--ext 2048] [--lat 8]``
 prints ``PASS: N programs match ...`` (exit 0), ``FAIL: program i: <first difference>`` (exit 1), or,
 for input it cannot use, one ``error: ...`` line on stderr (exit 2).
+
+The book's record format holds no scratchpad, so a simulator other than the reference machine is also
+compared with the reference machine, scratchpad included, on every program.
 """
 from __future__ import annotations
 
@@ -11,7 +14,8 @@ import sys
 
 from hdl.isa import IsaError, validate_program
 
-from sim.backend import BackendUnavailable, RunResult, SimError, first_difference, get_backend
+from sim.backend import (MAX_LAT, BackendUnavailable, BadInput, RunResult, SimError, check_lat, first_difference,
+                         get_backend)
 from sim.hexfile import HexFileError, read_records
 
 __all__ = ["replay", "main"]
@@ -24,8 +28,18 @@ class _InputError(Exception):
 def replay(records, backend, lat: int = 8, progress=None) -> tuple[str | None, int]:
     """Run every record on `backend`. Returns (None, total cycles) or ("program i: ...", cycles so far).
 
-    Raises `_InputError` for a record whose program is illegal (checked before anything runs).
+    Each result must equal the record's expected memory and counters and, unless `backend` is the
+    reference machine itself, the reference machine's result, scratchpad included (the file has none).
+
+    Raises `_InputError` for a latency outside 1..MAX_LAT or a record whose program is illegal (both
+    checked before anything runs).
     """
+    from sim.reference import ReferenceMachine
+    try:
+        check_lat(lat)
+    except BadInput as e:
+        raise _InputError(str(e)) from None
+    reference = None if _is_reference(backend) else ReferenceMachine()
     for i, rec in enumerate(records):
         try:
             validate_program(rec.program, ext_words=len(rec.image))
@@ -57,11 +71,24 @@ def replay(records, backend, lat: int = 8, progress=None) -> tuple[str | None, i
                 except SimError as e:
                     return f"program {i}: {e}", total
             expected = RunResult(ext=list(rec.expected_ext), counters=list(rec.expected_counters))
-            diff = first_difference(expected, got)
+            diff = first_difference(expected, got, scratchpad=False)
             if diff is not None:
                 return f"program {i}: {diff}{_where_it_starts(rec, backend, lat)}", total
+            if reference is not None:
+                try:
+                    want = reference.run(list(rec.program), list(rec.image), lat=lat)
+                except SimError as e:
+                    return f"program {i}: the reference machine fails where the file's values match: {e}", total
+                diff = first_difference(want, got)
+                if diff is not None:
+                    return (f"program {i}: {diff} (compared with the reference machine: the file has no "
+                            f"scratchpad){_where_it_starts(rec, backend, lat)}"), total
             total += got.counters[0]
     return None, total
+
+
+def _is_reference(backend) -> bool:
+    return getattr(backend, "name", None) == "reference"
 
 
 def _where_it_starts(rec, backend, lat) -> str:
@@ -70,7 +97,7 @@ def _where_it_starts(rec, backend, lat) -> str:
     from hdl.isa import describe
     from sim.fuzz import locate
     from sim.reference import ReferenceMachine
-    if getattr(backend, "name", None) == "reference":
+    if _is_reference(backend):
         return " (the reference machine itself differs from the file's expected values)"
     try:
         pc = locate(list(rec.program), list(rec.image), lat, backend, ReferenceMachine())
@@ -100,12 +127,12 @@ def main(argv=None) -> int:
     p.add_argument("file")
     p.add_argument("--sim", default="reference", help="reference, amaranth or verilator")
     p.add_argument("--ext", type=int, default=2048, help="external memory words per image (default 2048)")
-    p.add_argument("--lat", type=int, default=8, help="external read latency (default 8)")
+    p.add_argument("--lat", type=int, default=8, help=f"external read latency, 1..{MAX_LAT} (default 8)")
     a = p.parse_args(argv)
     progress = _tty_progress()
     try:
-        if a.lat < 1:
-            raise _InputError(f"--lat {a.lat} must be >= 1")
+        if not 1 <= a.lat <= MAX_LAT:
+            raise _InputError(f"--lat {a.lat} must be within 1..{MAX_LAT}")
         if a.ext < 1:
             raise _InputError(f"--ext {a.ext} must be >= 1")
         backend = get_backend(a.sim)
@@ -121,7 +148,9 @@ def main(argv=None) -> int:
     if failure is not None:
         print(f"FAIL: {failure}")
         return 1
-    print(f"PASS: {len(records)} programs match (memory and all five counters), {total} cycles in total")
+    scratchpad = "" if _is_reference(backend) else "; the scratchpad as the reference machine's"
+    print(f"PASS: {len(records)} programs match (memory and all five counters{scratchpad}), "
+          f"{total} cycles in total")
     return 0
 
 

@@ -4,7 +4,8 @@
 //   jobs:    magic, EXT, max_cycles, njobs, then per job: NI, NI x 4 instruction words (most significant
 //            word first), EXT words of external memory.
 //   results: magic, njobs, then per job: halted, edges clocked after start, the five counters,
-//            run time in ns (two words, low first), then EXT words of final external memory.
+//            run time in ns (two words, low first), EXT words of final external memory, then the
+//            GA2_SPAD words of the final scratchpad.
 // Per job (hardware spec 6.2): one reset edge, one idle edge, the ROM and the non-zero external words
 // through the backdoor ports (a fresh model starts with every memory at zero, as the book's testbench
 // zeroes the scratchpad), a one-edge start pulse, then edges until `halted` or max_cycles.
@@ -19,6 +20,9 @@
 
 #ifndef GA2_EXT
 #error "GA2_EXT (external memory words of the elaborated harness) must be defined"
+#endif
+#ifndef GA2_SPAD
+#error "GA2_SPAD (scratchpad words of the chip) must be defined"
 #endif
 
 static const uint32_t MAGIC_JOBS = 0x4a324147u;     // "GA2J"
@@ -62,7 +66,7 @@ int main(int argc, char** argv) {
     }
 
     std::vector<uint32_t> out;
-    out.reserve(2 + (size_t)njobs * (9 + ext));
+    out.reserve(2 + (size_t)njobs * (9 + ext + GA2_SPAD));
     out.push_back(MAGIC_RESULTS);
     out.push_back(njobs);
 
@@ -130,6 +134,11 @@ int main(int argc, char** argv) {
             m->ext_addr = i;
             m->eval();   // ext_rdata is a combinational read: no edge needed
             out.push_back(m->ext_rdata);
+        }
+        for (uint32_t i = 0; i < GA2_SPAD; ++i) {
+            m->spad_addr = i;
+            m->eval();   // spad_rdata is a combinational read as well
+            out.push_back(m->spad_rdata);
         }
         m->final();
     }

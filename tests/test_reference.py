@@ -10,7 +10,7 @@ import pytest
 
 from hdl.isa import Instr, Op, amax, halt, ld, mm, rq, sm, st, vadd
 from sim import programs
-from sim.backend import DidNotHalt, SimError
+from sim.backend import DidNotHalt, RunResult, SimError, first_difference
 from sim.reference import BadInput, IllegalInstruction, ReferenceMachine
 
 EXT = 2048
@@ -70,9 +70,9 @@ def test_r3_mlp_classes_and_intermediates():
     assert r.counters == [237, 112, 55, 48, 10]
     assert r.ext[64:68] == [0, 1, 1, 0]
     assert r.ext[:40] == list(d.image[:40])
-    assert [signed(w) for w in rm.spad[120:136]] == programs.R3_HIDDEN
-    assert [signed(w) for w in rm.spad[140:148]] == programs.R3_ACC2
-    assert [signed(w) for w in rm.spad[150:158]] == programs.R3_SCORES
+    assert [signed(w) for w in r.scratchpad[120:136]] == programs.R3_HIDDEN
+    assert [signed(w) for w in r.scratchpad[140:148]] == programs.R3_ACC2
+    assert [signed(w) for w in r.scratchpad[150:158]] == programs.R3_SCORES
 
 
 @pytest.mark.parametrize("d", programs.r4(), ids=lambda d: d.name)
@@ -182,7 +182,7 @@ def test_ignored_bits_are_ignored():
     img = image({0: [100, -100, 7, -7]})
     a = ReferenceMachine().run(clean, img)
     b = ReferenceMachine().run(dirty, img)
-    assert a.ext == b.ext and a.counters == b.counters
+    assert first_difference(a, b) is None
 
 
 def test_illegal_field_names_pc_and_field():
@@ -262,3 +262,46 @@ def test_run_many_matches_run_and_names_the_job():
         rm.run_many([(list(d1.program), list(d1.image)), hang])
     res = rm.run_many([hang, (list(d1.program), list(d1.image))], return_errors=True)
     assert isinstance(res[0], DidNotHalt) and res[1].counters[0] == 85
+
+
+# ---- first_difference: the one comparison of two runs ------------------------------------------------
+
+def _result():
+    # LD then a requantize into the scratchpad only: the scratchpad holds what ext does not
+    img = image({0: [100, -100, 7, -7]})
+    return ReferenceMachine().run([ld(0, 0, 4), rq(10, 0, 4, m=9000000, s=24, relu=1), halt()], img)
+
+
+def test_the_reference_returns_the_whole_scratchpad():
+    r = _result()
+    assert len(r.scratchpad) == 4096
+    assert r.scratchpad[:4] == [100, W - 99, 7, W - 6]
+    assert r.scratchpad[10:14] != [0, 0, 0, 0] and r.scratchpad[14:] == [0] * (4096 - 14)
+
+
+def test_first_difference_names_a_flipped_scratchpad_word():
+    a, b = _result(), _result()
+    assert first_difference(a, b) is None
+    b.scratchpad[11] ^= 1 << 31
+    assert first_difference(a, b) == (f"scratchpad word 11: expected 0x{a.scratchpad[11]:08x}, "
+                                      f"got 0x{b.scratchpad[11]:08x}")
+    # only a comparison with an expectation that has no scratchpad (a record file's) may leave it out
+    assert first_difference(a, b, scratchpad=False) is None
+
+
+def test_first_difference_checks_lengths_before_words():
+    a = _result()
+
+    def changed(**kw):
+        return RunResult(**{"ext": list(a.ext), "counters": list(a.counters),
+                            "scratchpad": list(a.scratchpad), **kw})
+    # each list one shorter than expected (a zip over the pair would call these equal)
+    assert first_difference(a, changed(counters=a.counters[:4])) == "counters: expected 5 values, got 4"
+    assert first_difference(a, changed(ext=a.ext[:-1])) == "external memory: expected 2048 values, got 2047"
+    assert first_difference(a, changed(scratchpad=a.scratchpad[:-1])) == "scratchpad: expected 4096 words, got 4095"
+    assert first_difference(a, changed(scratchpad=None)) == "scratchpad: missing in the got result"
+    assert first_difference(changed(scratchpad=None), a) == "scratchpad: missing in the expected result"
+    # counters come first, then external memory, then the scratchpad
+    worse = changed(counters=[a.counters[0] + 1, *a.counters[1:]], ext=[1] + a.ext[1:])
+    assert first_difference(a, worse).startswith("counter cyc_total:")
+    assert first_difference(a, changed(ext=[1] + a.ext[1:], scratchpad=None)).startswith("external word 0:")

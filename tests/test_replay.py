@@ -142,6 +142,32 @@ def test_replay_names_the_first_differing_instruction(suite):
     assert failure.endswith(f"(first differing instruction: pc 3, {describe(suite[0].program[3])})")
 
 
+def test_replay_compares_the_scratchpad_with_the_reference(suite):
+    """The file holds no scratchpad: a simulator whose memory and counters match the file but whose
+    scratchpad is wrong from instruction 2 on fails, naming the word and the instruction."""
+    from hdl.isa import describe
+    from sim.reference import ReferenceMachine
+    from sim.replay import replay
+
+    class Twin(ReferenceMachine):
+        name = "twin"
+        flip = False
+
+        def run(self, program, image, lat=8):
+            res = super().run(program, image, lat)
+            if self.flip and len(program) > 3:     # the prefix holds instruction 2 (and a HALT after it)
+                res.scratchpad[4095] ^= 1
+            return res
+
+    sim = Twin()
+    assert replay(suite[:3], sim, lat=8) == (None, sum(r.expected_counters[0] for r in suite[:3]))
+    sim.flip = True
+    failure, _ = replay(suite[:3], sim, lat=8)
+    assert failure.startswith("program 0: scratchpad word 4095: expected 0x")
+    assert failure.endswith("(compared with the reference machine: the file has no scratchpad) "
+                            f"(first differing instruction: pc 2, {describe(suite[0].program[2])})")
+
+
 def read_back(tmp_path, suite):
     path = tmp_path / "orig.hex"
     write_records(path, suite)
@@ -170,7 +196,7 @@ def test_replay_errors(tmp_path, suite, capsys):
     assert replay_main([str(good), "--sim", "nosuch"]) == 2
     assert "unknown simulator 'nosuch'" in error_line(capsys)
 
-    for args in (["--lat", "0"], ["--ext", "0"]):
+    for args in (["--lat", "0"], ["--lat", "1025"], ["--ext", "0"]):
         assert replay_main([str(good), *args]) == 2
         assert args[0] in error_line(capsys)
     with pytest.raises(SystemExit) as e:           # argparse's own errors exit 2 with one line too

@@ -13,6 +13,7 @@ from amaranth.hdl import Module, Signal
 from amaranth.lib import wiring
 from amaranth.lib.memory import Memory
 from hdl.harness import HARNESS_SIGNATURE
+from hdl.isa import SPAD_WORDS
 
 from sim.backend import BackendUnavailable, DidNotHalt, RunResult, SimError
 
@@ -30,7 +31,8 @@ class StandIn(wiring.Component):
 
     Word: op = bits 127:124, src = bits 15:0, dst = bits 31:16. op 0 halts; op 15 spins for ever;
     any other op does ext[dst] <- ext[src] + op. Counters: total edges, edges spent on op 3 words (mm),
-    constant LAT (dma), sum of executed ops (vec), executed non-halt words (n_inst).
+    constant LAT (dma), sum of executed ops (vec), executed non-halt words (n_inst). Its "scratchpad" word
+    a is ext[a mod EXT] with a in bits 31:20 (so that a word read back in the wrong place shows).
     """
     def __init__(self, ext_words, lat):
         self.ext_words, self.lat = ext_words, lat
@@ -42,13 +44,15 @@ class StandIn(wiring.Component):
         m.submodules.ext = ext = Memory(shape=32, depth=self.ext_words, init=[])
         rom_w, rom_r = rom.write_port(), rom.read_port(domain="comb")
         ext_w, ext_r, ext_b = ext.write_port(), ext.read_port(domain="comb"), ext.read_port(domain="comb")
+        ext_s = ext.read_port(domain="comb")
         running = Signal()
         pc = Signal(8)
         wait = Signal(range(self.lat))
         ins = rom_r.data
         op = ins[124:128]
         m.d.comb += [rom_r.addr.eq(pc), ext_r.addr.eq(ins[0:16]), ext_b.addr.eq(self.ext_addr),
-                     self.ext_rdata.eq(ext_b.data)]
+                     self.ext_rdata.eq(ext_b.data), ext_s.addr.eq(self.spad_addr % self.ext_words),
+                     self.spad_rdata.eq(ext_s.data ^ (self.spad_addr << 20))]
         m.d.comb += [rom_w.en.eq(self.rom_we), rom_w.addr.eq(self.rom_addr), rom_w.data.eq(self.rom_wdata)]
         m.d.comb += [ext_w.en.eq(self.ext_we), ext_w.addr.eq(self.ext_addr), ext_w.data.eq(self.ext_wdata)]
         with m.If(self.start & ~running & ~self.halted):
@@ -84,7 +88,8 @@ def standin_model(program, image, lat):
         ext[dst] = (ext[src] + op) & 0xFFFFFFFF
         counters[3] += op
         counters[4] += 1
-    return RunResult(ext=ext, counters=counters)
+    spad = [(ext[a % len(ext)] ^ (a << 20)) & 0xFFFFFFFF for a in range(SPAD_WORDS)]
+    return RunResult(ext=ext, counters=counters, scratchpad=spad)
 
 
 def toy(op, src, dst):
@@ -113,6 +118,7 @@ def test_standin_batch_matches_model(build_root):
         want = standin_model(program, image, 3)
         assert r.counters == want.counters
         assert r.ext == want.ext
+        assert r.scratchpad == want.scratchpad
 
 
 def test_cache_is_reused_by_a_second_backend(build_root):
@@ -217,6 +223,7 @@ def chip():
 
 
 def test_book_figures_r1_r3_r5_r11(chip):
+    from sim.backend import first_difference
     from sim.programs import r1, r3, r5, r11
     from sim.reference import ReferenceMachine
     figures = [r1(), r3(), *r5(), r11()]
@@ -226,8 +233,8 @@ def test_book_figures_r1_r3_r5_r11(chip):
         assert r.counters == list(d.counters), d.name              # the spec's counters
         for addr, value in d.expect_ext.items():
             assert r.ext[addr] == value & 0xFFFFFFFF, (d.name, addr)
-        want = ref.run(list(d.program), list(d.image), 8)          # and every other word
-        assert r.ext == want.ext, d.name
+        want = ref.run(list(d.program), list(d.image), 8)          # and every other word, scratchpad too
+        assert first_difference(want, r) is None, d.name
 
 
 def test_random_programs_match_the_reference(chip):
@@ -243,6 +250,21 @@ def test_random_programs_match_the_reference(chip):
     for n, ((program, image, lat), r) in enumerate(zip(jobs, got)):
         diff = first_difference(ref.run(program, image, lat), r)
         assert diff is None, f"job {n} (EXT {len(image)}, LAT {lat}): {diff}"
+
+
+def test_every_latency_matches_the_reference(chip):
+    """LAT 1, 2, 433, 434 and 1024 (one model each, built once): memory, scratchpad and counters."""
+    from sim.backend import first_difference
+    from sim.reference import ReferenceMachine
+    from tests.test_chip_amaranth import EXTREME_LATS, short_program
+    rng = random.Random(434)
+    jobs = [(*short_program(rng), lat) for lat in EXTREME_LATS for _ in range(3)]
+    got = chip.run_many(jobs)
+    ref = ReferenceMachine()
+    for n, ((program, image, lat), r) in enumerate(zip(jobs, got)):
+        assert len(r.scratchpad) == SPAD_WORDS
+        diff = first_difference(ref.run(program, image, lat), r)
+        assert diff is None, f"job {n} (LAT {lat}): {diff}"
 
 
 def test_illegal_opcode_does_not_halt():
@@ -300,6 +322,15 @@ def test_fuzz_names_the_first_differing_instruction_and_counter():
                                f"pc {first_mm} (mm ")
         assert line.endswith(f"counter cyc_mm: expected {mm_cycles}, got {mm_cycles + 1}; reproduce: "
                              f"python -m sim.fuzz --sim broken --seed 11 --first {i} --count 1 --ext 2048 --lat 8")
+
+
+def test_fuzz_refuses_to_compare_the_reference_with_itself(capsys):
+    from sim.cli import guarded
+    from sim.fuzz import main
+    assert guarded(main, ["--sim", "reference", "--count", "2"]) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert err == ["error: --sim reference would compare the reference machine with itself: "
+                   "choose amaranth or verilator"]
 
 
 def test_fuzz_command_on_verilator(capsys):
