@@ -247,7 +247,8 @@ MUTANTS: tuple[Mutant, ...] = (
        "tests/test_random_graphs.py",
        equivalent="plan_scales unites an output with its source and gives a scale group one scale, decided "
                   "once (issue 10; tests/test_random_graphs.py checks that rule on every random graph), so "
-                  "both scales are the same float for every compiled program"),
+                  "both scales are the same float for every compiled program",
+       shown_by="tests/test_random_graphs.py::test_readback_at_the_source_scale_is_the_same_function"),
 
     # ---- added for issue 10: addressing, lengths, routing and the checkers themselves -----------------
     _m("host", PT, "            t[-1] = q", "            pass",
