@@ -3,6 +3,11 @@
 The testbench plays the scratchpad (hardware spec 2.4): the address a unit presents in cycle c is
 answered in c+1 with the contents before that edge's write. Each case checks the unit's busy time
 (the WAIT cycle its `done` is high in), every scratchpad/external word, and that `done` is one pulse.
+
+The random sweeps also disturb the unit the way the chip never would (spec 4: a unit takes its operands
+at E0 and ignores `start` while busy): the instruction input is replaced by random bits right after E0,
+`start` is pulsed again in random WAIT cycles, and the issued word carries junk in every bit the
+hardware ignores. A unit that reads `ins` after E0 or restarts while busy gives a wrong result or time.
 """
 import random
 
@@ -15,15 +20,18 @@ from hdl.unit_rq import RequantUnit
 from hdl.unit_st import StoreUnit
 from hdl.unit_unpack import UnpackUnit
 from hdl.unit_vadd import VaddUnit
+from sim.progen import ignored_bits
 
 SPAD = 4096
 
 
-def run_unit(unit, jobs):
+def run_unit(unit, jobs, disturb=None):
     """Run instructions one after the other on one unit; return [(busy, spad, ext_writes)] per job.
 
-    `jobs` is a list of (instruction, spad dict). The unit's `done` cycle gives the busy time; a job
-    that takes more than 20000 cycles fails the test.
+    `jobs` is a list of (instruction or 128-bit word, spad dict). The unit's `done` cycle gives the busy
+    time; a job that takes more than 20000 cycles fails the test. With `disturb` (a `random.Random`),
+    `ins` holds random bits from the cycle after E0 on, and `start` is pulsed in about one busy WAIT
+    cycle in five (never in the done cycle: there the unit is idle again and would rightly restart).
     """
     has_ext = isinstance(unit, StoreUnit)
     results = []
@@ -32,10 +40,12 @@ def run_unit(unit, jobs):
         for ins, init in jobs:
             spad = dict(init)
             ext = {}
-            ctx.set(unit.ins, isa.encode(ins))
+            ctx.set(unit.ins, ins if isinstance(ins, int) else isa.encode(ins))
             ctx.set(unit.start, 1)
             await ctx.tick()                          # E0: the unit latches its operands
             ctx.set(unit.start, 0)
+            if disturb is not None:
+                ctx.set(unit.ins, disturb.getrandbits(128))
             busy = 0
             dones = 0
             for w in range(1, 20000):                 # cycle W(w)
@@ -44,6 +54,8 @@ def run_unit(unit, jobs):
                     busy = w
                     dones += 1
                     break
+                stray = disturb is not None and disturb.random() < 0.2
+                ctx.set(unit.start, stray)            # busy here: the unit must ignore it
                 ra = ctx.get(unit.ra)
                 rd = spad.get(ra, 0)
                 if has_ext:
@@ -52,6 +64,7 @@ def run_unit(unit, jobs):
                 elif ctx.get(unit.we):
                     spad[ctx.get(unit.wa)] = ctx.get(unit.wd)
                 await ctx.tick()
+                ctx.set(unit.start, 0)
                 ctx.set(unit.sp_rd, rd)
             else:
                 raise AssertionError(f"{ins} never raised done")
@@ -211,3 +224,132 @@ def test_r11_packed_word_unpacks_to_book_values():
     [(busy, spad, _)] = run_unit(UnpackUnit(), [(isa.unpack(8, 0, 1), {0: 0x3F2970E5})])
     assert busy == 11
     assert [spad[8 + j] for j in range(8)] == [u32(v) for v in (5, -2, 0, 7, -7, 2, -1, 3)]
+
+
+# ---- random sweeps, disturbed after E0 ----------------------------------------------------------------
+
+_EXTREMES = (0, 1, 0x7F, 0x80, 0xFF, 0xFFFFFF80, 0xFFFFFF81, 0x7FFFFFFF, 0x80000000, 0xFFFFFFFF)
+
+
+def _words(rng, n):
+    """n words: about a third the extremes of int8 and int32, the rest random 32-bit."""
+    return [rng.choice(_EXTREMES) if rng.random() < 0.3 else rng.getrandbits(32) for _ in range(n)]
+
+
+def _length(rng, top):
+    r = rng.random()
+    return 1 if r < 0.15 else top if r < 0.2 else rng.randint(1, top)
+
+
+def _apart(a, n, b, m):
+    """The n words at a and the m words at b do not meet, addresses wrapping at 12 bits."""
+    return (b - a) % SPAD >= n and (a - b) % SPAD >= m
+
+
+def _place(rng, n, avoid):
+    """A start for n words that meets none of the (start, length) regions in `avoid`, or None."""
+    for _ in range(100):
+        d = rng.randrange(SPAD)
+        if all(_apart(d, n, a, m) for a, m in avoid):
+            return d
+    return None
+
+
+def _junked(rng, ins):
+    """The instruction word with random bits in every bit the hardware ignores."""
+    return isa.encode(ins) | (rng.getrandbits(128) & ignored_bits(ins.op))
+
+
+def _sweep(unit, make, count, seed, long_job=None):
+    """`count` jobs from ``make(rng) -> (instruction, spad, expected spad, expected ext)`` (and `long_job`,
+    made the same way, last) on one unit, disturbed; every busy time, word and external write checked."""
+    rng = random.Random(seed)
+    cases = [make(rng) for _ in range(count)] + ([long_job(rng)] if long_job else [])
+    jobs = [(_junked(rng, ins), sp0) for ins, sp0, _, _ in cases]
+    results = run_unit(unit, jobs, disturb=random.Random(seed + 1))
+    for (ins, _, want_spad, want_ext), (busy, spad, ext) in zip(cases, results):
+        assert busy == isa.busy_cycles(ins), f"{ins}: busy {busy}"
+        assert spad == want_spad, f"{ins}"
+        assert ext == want_ext, f"{ins}"
+
+
+def _st_job(rng, n=None):
+    n = n or _length(rng, 40)
+    src, dst = rng.randrange(SPAD), rng.getrandbits(16)
+    words = _words(rng, n)
+    sp0 = load(src, words)
+    return isa.st(src, dst, n), sp0, sp0, {(dst + i) & 0xFFFF: w for i, w in enumerate(words)}
+
+
+def _rq_job(rng, n=None):
+    n = n or _length(rng, 40)
+    src = rng.randrange(SPAD)
+    dst = (src if rng.random() < 0.3 else _place(rng, n, [(src, n)])) or src     # 4095 words: in place
+    accs = _words(rng, n)
+    mant = rng.choice([rng.getrandbits(24), rng.randint(1 << 23, (1 << 24) - 1), 0, (1 << 24) - 1])
+    shift = rng.choice([rng.randint(0, 63), rng.randint(20, 40), 0, 63])
+    relu = rng.randint(0, 1)
+    sp0 = load(src, accs)
+    want = dict(sp0)
+    want.update({(dst + i) % SPAD: u32(requant(a, mant, shift, relu)) for i, a in enumerate(accs)})
+    return isa.rq(dst, src, n, mant, shift, relu), sp0, want, {}
+
+
+def _vadd_job(rng, n=None):
+    n = n or _length(rng, 30)
+    s1 = rng.randrange(SPAD)
+    s2 = rng.choice([s1, _place(rng, n, [(s1, n)]) or s1])
+    r = rng.random()
+    dst = s1 if r < 0.2 else s2 if r < 0.4 else _place(rng, n, [(s1, n), (s2, n)]) or s1
+    sp0 = load(s1, _words(rng, n))
+    sp0.update(load(s2, _words(rng, n)) if s2 != s1 else {})
+    av = [sp0[(s1 + i) % SPAD] for i in range(n)]
+    bv = [sp0[(s2 + i) % SPAD] for i in range(n)]
+    want = dict(sp0)
+    want.update({(dst + i) % SPAD: u32(vadd_sat(x, y)) for i, (x, y) in enumerate(zip(av, bv))})
+    return isa.vadd(dst, s1, s2, n), sp0, want, {}
+
+
+def _amax_job(rng, n=None):
+    n = n or _length(rng, 40)
+    src = rng.randrange(SPAD)
+    dst = rng.randrange(SPAD)                 # even inside the source: the index is written after every read
+    vec = _words(rng, n) if rng.random() < 0.6 else [rng.choice(_EXTREMES[:4]) for _ in range(n)]   # ties
+    sp0 = load(src, vec)
+    want = dict(sp0)
+    want[dst] = argmax_first(vec)
+    return isa.amax(dst, src, n), sp0, want, {}
+
+
+def _unpack_job(rng, n=None):
+    n = n or _length(rng, 6)
+    src = rng.randrange(SPAD)
+    dst = _place(rng, 8 * n, [(src, n)])
+    if dst is None:                           # 511 words: the output must meet the source somewhere
+        dst = rng.randrange(SPAD)
+    sp0 = load(src, _words(rng, n))
+    want = dict(sp0)
+    for i in range(n):                        # spec 4.8: word i is read after every nibble of word i-1 is written
+        for j, v in enumerate(unpack_word(want.get((src + i) % SPAD, 0))):
+            want[(dst + 8 * i + j) % SPAD] = u32(v)
+    return isa.unpack(dst, src, n), sp0, want, {}
+
+
+def test_st_random_sweep_disturbed():
+    _sweep(StoreUnit(), _st_job, 40, 101, long_job=lambda rng: _st_job(rng, 4095))
+
+
+def test_rq_random_sweep_disturbed():
+    _sweep(RequantUnit(), _rq_job, 40, 102, long_job=lambda rng: _rq_job(rng, 4095))
+
+
+def test_vadd_random_sweep_disturbed():
+    _sweep(VaddUnit(), _vadd_job, 30, 103, long_job=lambda rng: _vadd_job(rng, 4096))
+
+
+def test_amax_random_sweep_disturbed():
+    _sweep(ArgmaxUnit(), _amax_job, 40, 104, long_job=lambda rng: _amax_job(rng, 4095))
+
+
+def test_unpack_random_sweep_disturbed():
+    _sweep(UnpackUnit(), _unpack_job, 30, 105, long_job=lambda rng: _unpack_job(rng, 511))
