@@ -9,7 +9,6 @@ compared with the reference machine, scratchpad included, on every program.
 """
 from __future__ import annotations
 
-import argparse
 import sys
 
 from hdl.isa import IsaError, validate_program
@@ -73,7 +72,7 @@ def replay(records, backend, lat: int = 8, progress=None) -> tuple[str | None, i
             expected = RunResult(ext=list(rec.expected_ext), counters=list(rec.expected_counters))
             diff = first_difference(expected, got, scratchpad=False)
             if diff is not None:
-                return f"program {i}: {diff}{_where_it_starts(rec, backend, lat)}", total
+                return f"program {i}: {diff}{_explain(rec, backend, lat, expected, got, diff)}", total
             if reference is not None:
                 try:
                     want = reference.run(list(rec.program), list(rec.image), lat=lat)
@@ -91,6 +90,30 @@ def _is_reference(backend) -> bool:
     return getattr(backend, "name", None) == "reference"
 
 
+LAT_GUESSES = 64            # a failing replay tries the reference machine with LAT 1..64 to name a wrong --lat
+
+
+def _explain(rec, backend, lat, expected, got, diff) -> str:
+    """Why a result differs from the file. When only counters differ and the reference machine gives the
+    file's counters with another latency, the file was made for that LAT (record files do not carry it):
+    say "is --lat right?". Otherwise: where the simulator starts to differ from the reference machine
+    (`_where_it_starts`)."""
+    if diff.startswith("counter ") and list(got.ext) == list(expected.ext):
+        from sim.reference import ReferenceMachine
+        reference = ReferenceMachine()
+        for other in range(1, LAT_GUESSES + 1):
+            if other == lat:
+                continue
+            try:
+                counters = reference.run(list(rec.program), list(rec.image), lat=other).counters
+            except SimError:
+                continue
+            if list(counters) == list(expected.counters):
+                return (f" (memory matches, and the file's counters are the reference machine's with LAT {other}, "
+                        f"not {lat}: is --lat right? a record file does not say which LAT it was made for)")
+    return _where_it_starts(rec, backend, lat)
+
+
 def _where_it_starts(rec, backend, lat) -> str:
     """For a simulator that disagrees with the file: the first instruction after which it also disagrees
     with the reference machine (found by running the program's prefixes on both)."""
@@ -106,45 +129,37 @@ def _where_it_starts(rec, backend, lat) -> str:
     return "" if pc is None else f" (first differing instruction: pc {pc}, {describe(rec.program[pc])})"
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message):           # one line, no usage dump
-        print(f"error: {message}", file=sys.stderr)
-        raise SystemExit(2)
-
-
-def _tty_progress():
-    if not sys.stderr.isatty():
-        return None
-
-    def show(i, n):
-        print(f"\rprogram {i + 1}/{n}", end="", file=sys.stderr, flush=True)
-    return show
+def build_parser():
+    from sim.backend import MAX_LAT
+    from sim.cli import Parser, int_range, sim_option
+    p = Parser("python -m sim.replay",
+               "Run every program of a record file (the book's format) on a simulator and compare the final "
+               "external memory and all five counters with the file's: one PASS line (exit 0), or FAIL with "
+               "the first difference (exit 1). A record file does not say which EXT and LAT it was made for: "
+               "give the same --ext and --lat as sim.progen was given.",
+               "python -m sim.replay suite.hex --sim verilator --ext 2048 --lat 8")
+    p.add_argument("file", help="the record file")
+    sim_option(p, "reference", help="which simulator runs the programs")
+    p.add_argument("--ext", type=int_range(1, 65536), default=2048, metavar="WORDS",
+                   help="external memory words per image, 1..65536")
+    p.add_argument("--lat", type=int_range(1, MAX_LAT), default=8, metavar="N",
+                   help=f"external read latency the file's counters were computed for, 1..{MAX_LAT}")
+    return p
 
 
 def main(argv=None) -> int:
-    p = _Parser(prog="python -m sim.replay",
-                description="Run every program of a record file on a simulator and compare memory and counters.")
-    p.add_argument("file")
-    p.add_argument("--sim", default="reference", help="reference, amaranth or verilator")
-    p.add_argument("--ext", type=int, default=2048, help="external memory words per image (default 2048)")
-    p.add_argument("--lat", type=int, default=8, help=f"external read latency, 1..{MAX_LAT} (default 8)")
-    a = p.parse_args(argv)
-    progress = _tty_progress()
+    from sim.cli import Progress
+    a = build_parser().parse_args(argv)
+    progress = Progress("replaying", unit="program")
     try:
-        if not 1 <= a.lat <= MAX_LAT:
-            raise _InputError(f"--lat {a.lat} must be within 1..{MAX_LAT}")
-        if a.ext < 1:
-            raise _InputError(f"--ext {a.ext} must be >= 1")
         backend = get_backend(a.sim)
         records = read_records(a.file, ext=a.ext)
         failure, total = replay(records, backend, lat=a.lat, progress=progress)
     except (_InputError, HexFileError, BackendUnavailable) as e:
-        if progress:
-            print(file=sys.stderr)
+        progress.close()
         print(f"error: {e}", file=sys.stderr)
         return 2
-    if progress:
-        print(file=sys.stderr)
+    progress.close()
     if failure is not None:
         print(f"FAIL: {failure}")
         return 1
@@ -155,4 +170,5 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from sim.cli import guarded
+    raise SystemExit(guarded(main))
