@@ -287,7 +287,8 @@ def test_window_lets_a_decode_run_past_its_calibration(structured):
 
 
 def test_host_imports_no_simulator_and_no_amaranth():
-    # layer rule: host/ imports compiler only; the backend object is passed in
+    # layer rule: host/ imports the compiler (and hdl.isa's limits, as the compiler does), never a simulator
+    # or Amaranth; the backend object is passed in
     import subprocess
     import sys
     code = ("import sys, host.paged, host.pagetable, host.window; "
