@@ -188,7 +188,8 @@ _FAIL = _PASS + [_rec("t.py::b", "setup"), _rec("t.py::b", outcome="failed", exc
     (1, _FAIL, ("failed", "t.py::b", "an assertion failed")),
     (1, _PASS + [_rec("t.py::f", outcome="failed", exc="Failed", assertion=True)],
      ("failed", "t.py::f", "an assertion failed")),          # pytest.fail, or pytest.raises saw nothing
-    (None, _FAIL, ("timeout", None, "the time limit ended the checks")),
+    (None, _PASS, ("timeout", None, "the time limit ended the checks")),
+    (None, _FAIL, ("timeout", "t.py::b", "the time limit ended the checks (t.py::b had failed)")),
     (1, _PASS + [_rec("t.py::c", outcome="failed", exc="IndexError")],
      ("error", "t.py::c", "t.py::c died of IndexError, not of a failed assertion")),
     (1, _PASS + [_rec("t.py::d", "setup", "failed", "SyntaxError")],
@@ -205,7 +206,7 @@ _FAIL = _PASS + [_rec("t.py::b", "setup"), _rec("t.py::b", outcome="failed", exc
     (-11, _PASS, ("error", None, "pytest was killed by signal 11")),
     (1, _PASS, ("error", None, "pytest exited 1 without a failed test on record (a crash of the run?)")),
     (0, [], ("error", None, "pytest exited 0 but its records show no test that ran")),
-], ids=["pass", "pass-skip", "assert", "pytest-fail", "timeout", "exception", "setup-error", "teardown-error",
+], ids=["pass", "pass-skip", "assert", "pytest-fail", "timeout", "timeout-after-failure", "exception", "setup-error", "teardown-error",
         "collection", "xdist-x", "exit2", "exit3", "exit4", "exit5", "signal", "no-record", "nothing-ran"])
 def test_classification_of_pytest_outcomes(returncode, records, expect):
     assert M.classify(returncode, records) == expect
