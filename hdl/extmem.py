@@ -9,9 +9,15 @@ from amaranth.lib import wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
-__all__ = ["ExtMemory", "POISON"]
+__all__ = ["ExtMemory", "POISON", "SHIFT_MAX_LAT"]
 
 POISON = 0xDEADBEEF     # what a read past the end returns
+# Longest LAT whose delay line is a shift register (see ExtMemory, `delay`). In Amaranth's simulator the
+# shift register is the faster of the two at every LAT (one signal a cycle; the buffer costs a memory
+# write and read), but the simulator writes the register's constants in decimal, and Python refuses
+# integers of more decimal digits than its int_max_str_digits: 4300 by default (LAT 433 is the last that
+# works) and as few as 640 when a user lowers it (LAT 65). Up to 64 works under every setting.
+SHIFT_MAX_LAT = 64
 
 
 class ExtMemory(wiring.Component):
@@ -26,6 +32,10 @@ class ExtMemory(wiring.Component):
     backdoor : bool
         Build the backdoor ports; without them ``bd_we``/``bd_wdata`` are ignored and ``bd_rdata``
         reads 0 (a simulator then reads and writes ``memory`` directly).
+    delay : {None, "shift", "ring"}
+        How read stages 1 .. LAT-1 are built: one shift register, or a circular buffer of LAT-1 entries
+        in a Memory; both answer identically, cycle for cycle. ``None`` (the default) picks the shift
+        register up to LAT = `SHIFT_MAX_LAT` and the buffer above it.
 
     Ports
     -----
@@ -58,13 +68,18 @@ class ExtMemory(wiring.Component):
     bd_wdata:   In(32)
     bd_rdata:   Out(32)
 
-    def __init__(self, depth=8192, lat=8, backdoor=True):
+    def __init__(self, depth=8192, lat=8, backdoor=True, delay=None):
         if not isinstance(depth, int) or not 1 <= depth <= 1 << 16:
             raise ValueError(f"ExtMemory depth must be an integer in 1..65536, not {depth!r}")
         if not isinstance(lat, int) or lat < 1:
             raise ValueError(f"ExtMemory lat must be an integer >= 1, not {lat!r}")
+        if delay is None:
+            delay = "shift" if lat <= SHIFT_MAX_LAT else "ring"
+        if delay not in ("shift", "ring"):
+            raise ValueError(f"ExtMemory delay must be 'shift', 'ring' or None, not {delay!r}")
         self._depth = depth
         self._lat = lat
+        self._delay = delay
         self._backdoor = bool(backdoor)
         self.memory = Memory(shape=32, depth=depth, init=[])
         super().__init__()
@@ -95,12 +110,15 @@ class ExtMemory(wiring.Component):
         rdm.d.sync += [valid.eq(self.req_valid), oob.eq(self.req_addr >= self._depth)]
         data = Signal(32, name="data0")
         rdm.d.comb += data.eq(Mux(oob, POISON, rd.data))
-        # Stages 1 .. LAT-1 as one shift register of (valid, data) pairs, 33 bits a stage, stage 1
-        # lowest: the same registers, but one signal for the simulator to update instead of 2(LAT-1).
-        if self._lat > 1:
+        # Stages 1 .. LAT-1: the (valid, data) pair of stage 0 delayed by LAT-1 more cycles.
+        if self._lat > 1 and self._delay == "shift":
+            # One shift register, 33 bits a stage, stage 1 lowest: the same registers, but one signal
+            # for the simulator to update instead of 2(LAT-1).
             pipe = Signal(33 * (self._lat - 1), name="pipe")
             rdm.d.sync += pipe.eq(Cat(data, valid, pipe[:-33]))
             data, valid = pipe[-33:-1], pipe[-1]
+        elif self._lat > 1:
+            data, valid = self._ring(rdm, data, valid)
         rdm.d.comb += [self.resp_valid.eq(valid), self.resp_data.eq(data)]
 
         wp = mem.write_port()
@@ -120,3 +138,25 @@ class ExtMemory(wiring.Component):
         else:
             wrm.d.comb += [wp.en.eq(chip_we), wp.addr.eq(self.wr_addr[:aw]), wp.data.eq(self.wr_data)]
         return m
+
+    def _ring(self, m, data, valid):
+        """Stages 1 .. LAT-1 as a circular buffer of LAT-1 (valid, data) entries; returns the last stage.
+
+        In cycle t the pointer names the entry written in cycle t-(LAT-1): it is read (combinationally)
+        as the output and overwritten at the edge with this cycle's stage 0. A reset cannot clear a
+        memory, so the output is held at zero until every entry has been written once since the reset,
+        which is what the cleared registers of the shift register give.
+        """
+        n = self._lat - 1
+        m.submodules.ring = ring = Memory(shape=33, depth=n, init=[])
+        ptr = Signal(range(n), name="ring_ptr")
+        primed = Signal(name="ring_primed")
+        m.d.sync += ptr.eq(Mux(ptr == n - 1, 0, ptr + 1))
+        with m.If(ptr == n - 1):
+            m.d.sync += primed.eq(1)
+        wp = ring.write_port()
+        rp = ring.read_port(domain="comb")
+        m.d.comb += [wp.en.eq(1), wp.addr.eq(ptr), wp.data.eq(Cat(data, valid)), rp.addr.eq(ptr)]
+        out = Signal(33, name="ring_out")
+        m.d.comb += out.eq(Mux(primed, rp.data, 0))
+        return out[:32], out[32]

@@ -1,8 +1,8 @@
 """The whole chip in Amaranth's simulator: the spec's reference figures and random programs.
 
 Every run is checked twice: against the numbers printed in hardware spec 7 (via sim.programs) and
-against the reference machine (sim.reference), memory and all five counters. GA2_SLOW=1 runs more random
-programs; `python -m sim.fuzz --sim amaranth` runs as many as you like.
+against the reference machine (sim.reference): memory, scratchpad and all five counters. GA2_SLOW=1 runs
+more random programs; `python -m sim.fuzz --sim amaranth` runs as many as you like.
 """
 import os
 import random
@@ -12,10 +12,11 @@ from amaranth.sim import Simulator
 
 from hdl import isa
 from hdl.chip import SeqState
+from hdl.extmem import SHIFT_MAX_LAT, ExtMemory
 from hdl.harness import ChipHarness
 from sim import programs
 from sim.amaranth_backend import AmaranthBackend, BadInput
-from sim.backend import DidNotHalt, first_difference
+from sim.backend import MAX_LAT, DidNotHalt, first_difference
 from sim.progen import random_program
 from sim.reference import ReferenceMachine
 
@@ -126,6 +127,77 @@ def test_random_programs_match_reference(ext, lat, seed):
         assert diff is None, f"seed {seed} program {k}: {diff}"
 
 
+# ---- every latency the commands accept (1 .. MAX_LAT) ---------------------------------------------
+
+# The ends of the range and both sides of the old limit of Amaranth's simulator (a shift register of
+# 33*(LAT-1) bits failed from 434 on). Where the delay line switches from shift register to circular
+# buffer (SHIFT_MAX_LAT) is checked on the memory model alone, below.
+EXTREME_LATS = (1, 2, 433, 434, MAX_LAT)
+
+
+def short_program(rng, ext=2048):
+    """A random program cut short: its first two loads, the four instructions after its arena loads, its
+    final store and HALT (at LAT 1024 each transfer costs a thousand cycles: a full program takes seconds).
+    """
+    program, image = random_program(rng, ext)
+    loads = next(k for k, w in enumerate(program) if isa.operands(w)["op"] != isa.Op.LD)
+    return program[:2] + program[loads:loads + 4] + program[-2:], image
+
+
+@pytest.mark.parametrize("lat", EXTREME_LATS)
+def test_every_latency_matches_reference(lat):
+    program, image = short_program(random.Random(lat))
+    got = check_against_reference(program, image, lat)
+    assert len(got.scratchpad) == isa.SPAD_WORDS
+    assert got.counters[2] >= 3 * lat          # two loads and the store, each waiting LAT cycles
+
+
+def test_delay_line_is_chosen_by_latency():
+    assert ExtMemory(16, SHIFT_MAX_LAT)._delay == "shift"
+    assert ExtMemory(16, SHIFT_MAX_LAT + 1)._delay == "ring"
+
+
+@pytest.mark.parametrize("lat", [2, 3, 6])
+def test_ring_answers_as_the_shift_register_does(lat):
+    """Both delay lines side by side on one random stream of requests, writes and resets: resp_valid and
+    resp_data equal in every cycle (the ring's entries written before a reset must not come out)."""
+    from amaranth.hdl import ClockDomain, Module
+    depth = 8
+    top = Module()
+    top.domains.sync = cd = ClockDomain("sync")
+    top.submodules.shift = shift = ExtMemory(depth, lat, backdoor=False, delay="shift")
+    top.submodules.ring = ring = ExtMemory(depth, lat, backdoor=False, delay="ring")
+    rng = random.Random(lat)
+    seen = []
+
+    async def bench(ctx):
+        for mem in (shift, ring):
+            for i in range(depth):
+                ctx.set(mem.memory.data[i], 1000 + i)
+        for cycle in range(40 * lat):
+            req, addr = rng.random() < 0.7, rng.randrange(depth + 2)      # some reads past the end
+            wr, waddr, wdata = rng.random() < 0.3, rng.randrange(depth), rng.randrange(1 << 32)
+            reset = rng.random() < 0.03
+            for mem in (shift, ring):
+                ctx.set(mem.req_valid, req)
+                ctx.set(mem.req_addr, addr)
+                ctx.set(mem.wr_valid, wr)
+                ctx.set(mem.wr_addr, waddr)
+                ctx.set(mem.wr_data, wdata)
+            ctx.set(cd.rst, reset)
+            a = (ctx.get(shift.resp_valid), ctx.get(shift.resp_data))
+            b = (ctx.get(ring.resp_valid), ctx.get(ring.resp_data))
+            seen.append((cycle, a, b))
+            await ctx.tick()
+
+    sim = Simulator(top)
+    sim.add_clock(1e-6)
+    sim.add_testbench(bench)
+    sim.run()
+    assert sum(a[0] for _, a, _ in seen) > 10                 # responses did come
+    assert [c for c, a, b in seen if a != b] == []
+
+
 # ---- programs that never finish, and bad input -------------------------------------------------
 
 @pytest.mark.parametrize("op", [9, 15])
@@ -158,11 +230,10 @@ def test_bad_input_is_one_line(program, image, lat, msg):
 
 # ---- the external memory model and the harness's backdoor ports --------------------------------
 
-@pytest.mark.parametrize("lat", [1, 3])
-def test_extmem_latency_poison_and_dropped_writes(lat):
-    from hdl.extmem import ExtMemory
+@pytest.mark.parametrize("lat,delay", [(1, None), (3, "shift"), (3, "ring"), (2, "ring")])
+def test_extmem_latency_poison_and_dropped_writes(lat, delay):
     depth = 16
-    mem = ExtMemory(depth, lat)
+    mem = ExtMemory(depth, lat, delay=delay)
     seen = {}
 
     async def bench(ctx):
