@@ -130,13 +130,14 @@ def _where_it_starts(rec, backend, lat) -> str:
 
 
 def build_parser():
-    from sim.backend import MAX_LAT
     from sim.cli import Parser, int_range, sim_option
     p = Parser("python -m sim.replay",
                "Run every program of a record file (the book's format) on a simulator and compare the final "
                "external memory and all five counters with the file's: one PASS line (exit 0), or FAIL with "
-               "the first difference (exit 1). A record file does not say which EXT and LAT it was made for: "
-               "give the same --ext and --lat as sim.progen was given.",
+               "the first difference (exit 1). The file holds no scratchpad: a simulator other than the "
+               "reference machine is also compared with the reference machine, scratchpad included. A record "
+               "file does not say which EXT and LAT it was made for: give the same --ext and --lat as "
+               "sim.progen was given.",
                "python -m sim.replay suite.hex --sim verilator --ext 2048 --lat 8")
     p.add_argument("file", help="the record file")
     sim_option(p, "reference", help="which simulator runs the programs")
