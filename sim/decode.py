@@ -173,6 +173,8 @@ def main(argv=None) -> int:
     a = build_parser().parse_args(argv)
     check_args(a)
     result = run_decode(a)
+    if a.vcd:
+        print(f"wrote {a.vcd}")         # by Amaranth's simulator, during the last step
     if a.json:
         write_json(a.json, result)
     return 0

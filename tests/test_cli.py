@@ -361,3 +361,22 @@ def test_replay_with_a_wrong_lat_asks_about_lat(tmp_path, capsys):
     assert out.startswith("FAIL: program 0: counter cyc_total") and "LAT 4, not 8: is --lat right?" in out
     assert "reference machine itself differs" not in out
     assert replay_main([str(path), "--lat", "4"]) == 0
+
+
+def test_decode_says_where_the_waveform_went(tmp_path, monkeypatch, capsys):
+    import sim.backend
+    from sim import decode
+    from sim.reference import ReferenceMachine
+
+    class Waving(ReferenceMachine):             # stands in for Amaranth's simulator writing its VCD
+        def __init__(self, vcd):
+            super().__init__()
+            self.vcd = vcd
+
+        def run(self, program, image, lat=8):
+            Path(self.vcd).write_text("$enddefinitions $end\n")
+            return super().run(program, image, lat)
+    monkeypatch.setattr(sim.backend, "get_backend", lambda name, vcd=None: Waving(vcd))
+    vcd = tmp_path / "w.vcd"
+    assert decode.main(["--sim", "amaranth", "--steps", "1", "--quiet", "--vcd", str(vcd)]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == f"wrote {vcd}" and vcd.exists()
