@@ -16,7 +16,7 @@ import sys
 import time
 
 from sim.backend import MAX_LAT, BackendUnavailable, SimError, first_difference, get_backend
-from sim.cli import Parser, UsageError, guarded, int_range, window
+from sim.cli import Parser, Progress, UsageError, guarded, int_range, window
 
 __all__ = ["decode_jobs", "random_jobs", "bench", "build_parser", "main"]
 
@@ -60,7 +60,12 @@ def random_jobs(total_cycles: int, seed: int = 1, ext: int = 8192, lat: int = 8)
 def _run_all(backend, jobs):
     if getattr(backend, "name", None) == "verilator":
         return backend.run_many(jobs)
-    return [backend.run(p, i, lat) for p, i, lat in jobs]
+    out = []
+    with Progress(f"{getattr(backend, 'name', 'simulator')}", unit="program") as bar:   # amaranth: ~30 s
+        for p, i, lat in jobs:
+            out.append(backend.run(p, i, lat))
+            bar(len(out), len(jobs))
+    return out
 
 
 def bench(jobs, sims, repeat: int = 3, out=None) -> dict:
