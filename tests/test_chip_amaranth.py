@@ -309,9 +309,10 @@ def test_scratchpad_starts_zeroed_on_every_run():
     image[0] = 0x12345678
     writer = [isa.ld(100, 0, 1).word, 0]
     reader = [isa.st(100, 10, 1).word, 0]       # stores a word it never wrote
-    BACKEND.run(writer, image)
+    assert BACKEND.run(writer, image).scratchpad[100] == 0x12345678
     got = BACKEND.run(reader, [0] * 2048)
     assert got.ext[10] == 0
+    assert got.scratchpad == [0] * isa.SPAD_WORDS
 
 
 def test_run_many_names_the_job_that_hangs():
