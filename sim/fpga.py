@@ -200,6 +200,7 @@ def main(argv=None) -> int:
     if args.board not in BOARDS:
         raise UsageError(f"unknown board {args.board!r}; known: {', '.join(BOARDS)}")
     build_dir = Path(args.build_dir)
+    toolchain_env()                     # a missing tool is named before anything is created
     make_dir(build_dir)
     summary = build(args.board, build_dir, seed=args.seed)
     text = format_summary(summary)
