@@ -276,6 +276,19 @@ class Progress:
     On a terminal: a tqdm bar on stderr, removed at the end. Otherwise (a log, CI, a pipe): one plain line
     ``label: done/total unit (p %), t s`` on stderr at most every `interval` seconds, so a long run in a
     log still shows that it is alive.
+
+    Parameters
+    ----------
+    label : str
+        What is progressing, e.g. ``decoding on amaranth``.
+    unit : str
+        What `done` counts (shown in the plural in a log line).
+    enabled : bool, optional
+        False: show nothing (default: shown).
+    stream : file, optional
+        Where to show it (default: sys.stderr at construction).
+    interval : float, optional
+        Seconds between log lines (default: `progress_interval()`).
     """
 
     def __init__(self, label: str, unit: str = "step", enabled: bool | None = None, stream=None,
