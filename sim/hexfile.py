@@ -3,7 +3,8 @@
 Format: one 32-bit word per line as 8 lower-case hex digits, newline-terminated. Word 0 is NP; then
 per program NI (HALT included, 1..256), NI*4 instruction words (most significant first), EXT initial
 external words, EXT expected words, and the five expected counters. EXT is not in the file: reader and
-writer must agree on it (2048 for the book's suites).
+writer must agree on it (2048 for the book's suites). Neither are LAT and the final scratchpad: `sim.replay`
+compares a simulator's scratchpad with the reference machine's instead.
 """
 from __future__ import annotations
 
