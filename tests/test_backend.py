@@ -1,5 +1,5 @@
 """`sim.backend.first_difference`, the one comparison behind every simulator-versus-reference check: a
-difference in any one counter or in any one external word, first, middle or last, is found and named."""
+difference in any one counter, external word or scratchpad word, first, middle or last, is found and named."""
 import pytest
 
 from sim.backend import COUNTER_NAMES, RunResult, first_difference
@@ -8,11 +8,11 @@ COUNTERS = [9039, 5196, 3203, 490, 74]
 EXT = [0x11111111 * (i % 15) for i in range(40)]
 
 
-def _result(counters=COUNTERS, ext=EXT):
-    r = RunResult(ext=list(ext), counters=list(counters))
-    if hasattr(r, "scratchpad"):            # the same final scratchpad on both sides
-        r.scratchpad = [0] * 4096
-    return r
+SPAD = [(7 * i) & 0xFFFFFFFF for i in range(4096)]
+
+
+def _result(counters=COUNTERS, ext=EXT, spad=SPAD):
+    return RunResult(ext=list(ext), counters=list(counters), scratchpad=list(spad))
 
 
 def test_identical_runs_have_no_difference():
@@ -40,3 +40,12 @@ def test_counters_come_before_words():
     got[0] += 1
     diff = first_difference(_result(), _result(counters=COUNTERS[:4] + [75], ext=got))
     assert diff == "counter n_inst: expected 74, got 75"
+
+
+@pytest.mark.parametrize("i", [0, 2047, 4095])
+def test_every_scratchpad_word_is_compared(i):
+    got = list(SPAD)
+    got[i] += 1
+    assert first_difference(_result(), _result(spad=got)) == \
+        f"scratchpad word {i}: expected 0x{SPAD[i]:08x}, got 0x{got[i]:08x}"
+    assert first_difference(_result(), _result(spad=got), scratchpad=False) is None
