@@ -643,7 +643,8 @@ def baseline(mutants, timeout: float, jobs: int, root: Path = PROJECT_ROOT, buil
         if build is None:
             build = copy / "build"
         seed_build(build, project_build_dir(root))
-        return run_checks(copy, checks, timeout * 2, workers=jobs, build_dir=build)
+        # the union of every mutant's checks, Verilator builds included: four mutants' time
+        return run_checks(copy, checks, timeout * 4, workers=jobs, build_dir=build)
 
 
 # ---- command line ------------------------------------------------------------------------------------------
