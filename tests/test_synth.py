@@ -135,7 +135,7 @@ def test_ecp5_counter_placed_and_routed():
     assert row.path.endswith(" MHz")
 
 
-@needs_yosys
+@needs_nextpnr
 def test_failed_place_and_route_keeps_the_row(monkeypatch):
     def refuse(workdir, timeout):
         raise S.SynthError("nextpnr-ecp5 failed: ERROR: Unable to find legal placement for all cells")
