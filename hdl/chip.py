@@ -11,6 +11,7 @@ from amaranth.lib.wiring import In, Out
 
 from .dma import DMA
 from .isa import HW_OPERANDS, Op
+from .properties import History
 from .scratchpad import Scratchpad
 from .unit_amax import ArgmaxUnit
 from .unit_mm import MatrixUnit
@@ -20,9 +21,18 @@ from .unit_st import StoreUnit
 from .unit_unpack import UnpackUnit
 from .unit_vadd import VaddUnit
 
-__all__ = ["GA2", "SeqState", "CUR_NONE"]
+__all__ = ["GA2", "SeqState", "CUR_NONE", "CHIP_PROPERTIES"]
 
 CUR_NONE = 15       # `cur` when no unit owns the scratchpad
+
+# The chip's properties (hdl/properties.py), by name, with the statement sim.formal prints.
+CHIP_PROPERTIES = {
+    "owner_writes": "only the unit named by cur writes the scratchpad, and no unit raises we without it",
+    "dma_in_range": "LD writes only inside [dst, dst+len) (mod 4096) of the LD in the instruction register",
+    "counters": "outside IDLE, total = 2*n_inst + mm + dma + vec + (0 FETCH, 1 ISSUE, 2 WAIT/HALT) mod 2^32",
+    "state_legal": "the sequencer state is one of IDLE, FETCH, ISSUE, WAIT, HALT",
+    "halt_stays": "once in HALT, the sequencer stays there with halted high until a reset",
+}
 
 
 class SeqState(enum.Enum, shape=3):
@@ -193,4 +203,54 @@ class GA2(wiring.Component):
                     m.d.sync += [pc.eq(pc + 1), self.n_inst.eq(self.n_inst + 1),
                                  cur.eq(CUR_NONE), st.eq(SeqState.FETCH)]
             # HALT: nothing until rst.
+
+        self._check_properties(m, ins, sp, ld, units)
         return m
+
+    def _check_properties(self, m, ins, sp, ld, units):
+        """The chip's properties (``CHIP_PROPERTIES``) as Asserts; ``python -m sim.formal`` proves them."""
+        h = History(m, "chip")
+        st, cur = self.state, self.cur
+        t = CHIP_PROPERTIES
+
+        # Only the owner writes: a unit raises `we` only while it owns the port, and the scratchpad's
+        # write port carries exactly the owner's write (nothing when no writing unit owns it).
+        writers = {Op.LD: ld, **{op: u for op, u in units.items() if op != Op.ST}}
+        owned = 0
+        for op, u in writers.items():
+            mine = cur == op
+            owned = owned | mine
+            h.check("owner_writes", ~u.we | mine, t["owner_writes"])
+            h.check("owner_writes", ~mine | ((sp.we == u.we) & (~u.we | ((sp.waddr == u.wa) &
+                                                                         (sp.wdata == u.wd)))),
+                    t["owner_writes"])
+        h.check("owner_writes", owned | ~sp.we, t["owner_writes"])
+
+        # The LD engine writes inside [dst, dst+len) of the instruction it executes (modulo 4096, as
+        # its addresses wrap); dst and len are read from the instruction register, not the engine.
+        hi, lo = HW_OPERANDS[Op.LD]["dst"]
+        dst = ins[lo:hi + 1]
+        hi, lo = HW_OPERANDS[Op.LD]["len"]
+        length = ins[lo:hi + 1]
+        h.check("dma_in_range", ~(sp.we & (cur == Op.LD)) | ((sp.waddr - dst)[:12] < length),
+                t["dma_in_range"])
+
+        # Counters: every FETCH, ISSUE and WAIT cycle adds 1 to cyc_total, every WAIT cycle 1 to exactly
+        # one of mm/dma/vec, every completed instruction 1 to n_inst (its FETCH and ISSUE are 2 cycles).
+        # So, modulo 2^32, total = 2*n_inst + mm + dma + vec + k with k = 0 in FETCH, 1 in ISSUE and
+        # 2 in WAIT (the current instruction's FETCH and ISSUE) and in HALT (the HALT's two cycles).
+        # In IDLE nothing is claimed: the spec's rst does not clear the counters.
+        k = Signal(2)
+        with m.Switch(st):
+            with m.Case(SeqState.ISSUE):
+                m.d.comb += k.eq(1)
+            with m.Case(SeqState.WAIT, SeqState.HALT):
+                m.d.comb += k.eq(2)
+        relation = (self.cyc_total == ((self.n_inst << 1) + self.cyc_mm + self.cyc_dma + self.cyc_vec + k)[:32])
+        h.check("counters", (st == SeqState.IDLE) | relation, t["counters"])
+        h.check("state_legal", st.as_value() <= SeqState.HALT.value, t["state_legal"])
+
+        # HALT is left only by a reset.
+        was_halt = h.past(st == SeqState.HALT, "halt")
+        h.check("halt_stays", ~(h.valid & was_halt) | ((st == SeqState.HALT) & self.halted),
+                t["halt_stays"])

@@ -4,11 +4,12 @@ After the start edge E0, request k is presented in cycle W(k+1); the memory answ
 later and the word is written to dst+k at the end of W(k+1+LAT); `done` is high in W(len+LAT+1).
 The engine trusts that exactly `len` responses arrive. Addresses wrap at aw (scratchpad) / xw (external).
 """
-from amaranth.hdl import Module, Signal
+from amaranth.hdl import Cat, Module, Signal
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
 from hdl._checks import check_int
+from hdl.properties import unit_protocol
 
 __all__ = ["DMA"]
 
@@ -113,4 +114,5 @@ class DMA(wiring.Component):
         with m.Elif(self.start):
             m.d.sync += [src_r.eq(self.src), dst_r.eq(self.dst), len_r.eq(self.length),
                          issued.eq(0), recvd.eq(0), self.busy.eq(1)]
+        unit_protocol(m, "ld", self.start, self.busy, self.done, Cat(src_r, dst_r, len_r))
         return m

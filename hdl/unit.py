@@ -9,6 +9,7 @@ from amaranth.lib import data, wiring
 from amaranth.lib.wiring import In, Out
 
 from .isa import HW_OPERANDS, Op
+from .properties import unit_protocol
 
 __all__ = ["Unit", "SpadUnit", "operand", "operand_layout", "operand_bits"]
 
@@ -112,6 +113,10 @@ class Unit(wiring.Component):
     def done_pulse(self, m):
         """`done` is low after every edge that does not `finish`."""
         m.d.sync += self.done.eq(0)
+
+    def check_protocol(self, m, opr):
+        """The start/busy/done contract (`hdl.properties.UNIT_PROPERTIES`) as Asserts in `m`."""
+        unit_protocol(m, self.OP.name.lower(), self.start, self.busy, self.done, opr.as_value())
 
 
 class SpadUnit(Unit):

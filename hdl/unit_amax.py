@@ -57,4 +57,5 @@ class ArgmaxUnit(SpadUnit):
                     m.d.sync += j.eq(j + 1)
                     with m.If(j == n - 1):
                         m.d.sync += fin.eq(1)
+        self.check_protocol(m, opr)
         return m

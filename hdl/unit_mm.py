@@ -176,4 +176,5 @@ class MatrixUnit(SpadUnit):
         feed.d.comb += running.eq(fsm.ongoing("RUN"))
         result.d.comb += self.we.eq(fsm.ongoing("OUT"))
 
+        self.check_protocol(m, opr)
         return m

@@ -39,4 +39,5 @@ class RequantUnit(SpadUnit):
             self.wa.eq(dst + j),
             self.wd.eq(rq.q),        # q is signed(8): the assignment sign-extends it
         ]
+        self.check_protocol(m, opr)
         return m

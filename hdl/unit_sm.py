@@ -113,4 +113,5 @@ class SoftmaxUnit(SpadUnit):
                     m.next = "IDLE"
                 stream(None, finish)
 
+        self.check_protocol(m, opr)
         return m

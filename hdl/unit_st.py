@@ -43,4 +43,5 @@ class StoreUnit(Unit):
             self.wr_addr.eq(dst + j),
             self.wr_data.eq(self.sp_rd),
         ]
+        self.check_protocol(m, opr)
         return m

@@ -60,4 +60,5 @@ class UnpackUnit(SpadUnit):
                             self.finish(m)
                         with m.Else():
                             m.d.sync += [i.eq(i + 1), phase.eq(_Phase.RD)]
+        self.check_protocol(m, opr)
         return m

@@ -59,4 +59,5 @@ class VaddUnit(SpadUnit):
                 with m.If(j == n - 1):
                     self.finish(m)
                     m.d.sync += v.eq(0)
+        self.check_protocol(m, opr)
         return m
