@@ -1,8 +1,9 @@
 """The mutation-testing machinery (sim.mutants) in CI: every anchor still occurs exactly once and every
 mutated file compiles (so the list cannot rot silently), every equivalence names a test that shows it, one
 cheap mutant of each kind is caught through the same copy-and-pytest path as the full run, and the
-machinery tells caught (a failed assertion) from inconclusive (time-outs, import errors, crashes) and from
-survivors and demonstrated equivalents. The full run is ``python -m sim.mutants`` (minutes, not in CI)."""
+machinery tells caught (a test failed in its body) from inconclusive (time-outs, collection, import and
+setup errors, crashes) and from survivors and demonstrated equivalents, writing nothing into the project.
+The full run is ``python -m sim.mutants`` (minutes, not in CI)."""
 import collections
 import dataclasses
 import hashlib
