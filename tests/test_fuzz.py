@@ -26,6 +26,7 @@ except Exception:       # noqa: BLE001 - any reason the tool cannot run means: s
 CORNER_SEED = 20261130
 CORNER_COUNT = 150
 CI_COUNT = 200          # programs of the fresh-seed campaign on Verilator (the Amaranth simulator: none)
+CI_BUDGET = 50_000      # cycles per program there: every maximum length still fits, at half the time
 
 
 @pytest.fixture(scope="module")
@@ -202,7 +203,8 @@ def test_fresh_seed_campaign_on_verilator():
     seed = int(env) if env else int.from_bytes(os.urandom(4), "little")
     print(f"fuzz seed: {seed} (rerun with GA2_SEED={seed})")
     out = io.StringIO()
-    s = fuzz(VerilatorBackend(), ReferenceMachine(check=False), CI_COUNT, seed, configs=CI_CONFIGS, out=out)
+    s = fuzz(VerilatorBackend(), ReferenceMachine(check=False), CI_COUNT, seed, configs=CI_CONFIGS, out=out,
+             budget=CI_BUDGET)
     assert s["failures"] == 0, (f"seed {seed} (GA2_SEED={seed} repeats this run): {s['failures']} of "
                                 f"{CI_COUNT} programs differ:\n{out.getvalue()}")
     assert set(s["configs"]) == set(CI_CONFIGS)
