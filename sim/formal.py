@@ -40,9 +40,10 @@ from sim.cli import Parser, UsageError, guarded, int_range
 __all__ = ["FormalError", "Target", "Result", "targets", "properties", "ChipEnv", "find_tools", "prove",
            "run", "main"]
 
-# Default depths: a unit's shortest job ends within 20 cycles (MM's is 13), and 14 chip cycles hold two
-# short instructions; the chip's bounded check grows steeply past that (20 cycles: many minutes).
-DEFAULT_DEPTH = {"chip": 14}
+# Default depths: a unit's shortest job ends within 20 cycles (MM's is 13) except SM's (3 len + 47 = 50:
+# 54 lets its bounded check see a whole job), and 14 chip cycles hold two short instructions; the chip's
+# bounded check grows steeply past that (20 cycles: many minutes).
+DEFAULT_DEPTH = {"chip": 14, "sm": 54}
 UNIT_DEPTH = 20
 CHIP_LAT = 2
 
