@@ -92,6 +92,11 @@ class ExtMemory(wiring.Component):
     def lat(self):
         return self._lat
 
+    @property
+    def delay(self):
+        """``"shift"`` or ``"ring"``: how the read stages after the first are built."""
+        return self._delay
+
     def elaborate(self, platform):
         m = Module()
         m.submodules.memory = mem = self.memory
