@@ -1,0 +1,177 @@
+"""The chip generator's one configuration: every parameter of a GA-2, and every width derived from it.
+
+Pure Python (no Amaranth), so that the ISA, the compiler, the reference machine, the host and the
+commands read the same numbers as the Amaranth blocks. ``BOOK`` is the book's chip; any other chip is
+``ChipConfig(...)`` with overrides, or :func:`parse_chip` of a command-line spec such as
+``"array=8,mm_load=4"``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+
+__all__ = ["ChipConfig", "BOOK", "PRESETS", "parse_chip", "ChipSpecError"]
+
+
+class ChipSpecError(ValueError):
+    """A ``--chip`` spec that names no preset or carries a bad override (the message names it)."""
+
+
+def _power_of_two(x: int) -> bool:
+    return x > 0 and x & (x - 1) == 0
+
+
+@dataclass(frozen=True)
+class ChipConfig:
+    """The parameters of one GA-2 chip.
+
+    Parameters
+    ----------
+    array : int
+        The systolic array is ``array x array`` processing elements: the largest M and N of one MM
+        instruction. A power of two, 1..16.
+    mm_load : int
+        Operand elements the MM unit loads from the scratchpad per cycle (the book loads 1). Divides the
+        int8 elements of one scratchpad word (``word_bits // 8``).
+    spad_depth : int
+        Scratchpad words, a power of two in 256..65536 (the ISA's address fields are 16 bits).
+    word_bits : int
+        Bits of one scratchpad and external-memory word. Only 32 exists: four int8 per word is
+        part of the instruction set.
+    row_depth : int
+        Depth of the MM unit's operand memories: the largest K of one MM instruction. A power of two,
+        ``array``..128 (the K field holds 8 bits).
+    ext_words : int
+        Words of the external memory of the testbench and of the backends' default image, 1..65536.
+    lat : int
+        Read latency of the external memory in cycles, 1..1024.
+    counter_bits : int
+        Width of the five cycle counters, 16..64.
+    rom_words : int
+        Instructions the program ROM holds (the testbench indexes it with ``imem_addr[7:0]``).
+    """
+
+    array: int = 4
+    mm_load: int = 1
+    spad_depth: int = 4096
+    word_bits: int = 32
+    row_depth: int = 64
+    ext_words: int = 8192
+    lat: int = 8
+    counter_bits: int = 32
+    rom_words: int = 256
+
+    def __post_init__(self):
+        for f in fields(self):
+            v = getattr(self, f.name)
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise TypeError(f"ChipConfig {f.name} must be an integer, not {v!r}")
+        if not (_power_of_two(self.array) and self.array <= 16):
+            raise ValueError(f"ChipConfig array must be a power of two in 1..16, not {self.array}")
+        if self.word_bits != 32:
+            raise ValueError(f"ChipConfig word_bits must be 32 (four int8 per word is in the ISA), "
+                             f"not {self.word_bits}")
+        if self.mm_load < 1 or (self.word_bits // 8) % self.mm_load:
+            raise ValueError(f"ChipConfig mm_load must divide the {self.word_bits // 8} int8 elements of "
+                             f"a word, not {self.mm_load}")
+        if not (_power_of_two(self.spad_depth) and 256 <= self.spad_depth <= 1 << 16):
+            raise ValueError(f"ChipConfig spad_depth must be a power of two in 256..65536 (16-bit address "
+                             f"fields), not {self.spad_depth}")
+        if not (_power_of_two(self.row_depth) and self.array <= self.row_depth <= 128):
+            raise ValueError(f"ChipConfig row_depth must be a power of two in {self.array}..128 "
+                             f"(the 8-bit K field), not {self.row_depth}")
+        if not 1 <= self.ext_words <= 1 << 16:
+            raise ValueError(f"ChipConfig ext_words must be in 1..65536 (16-bit external addresses), "
+                             f"not {self.ext_words}")
+        if not 1 <= self.lat <= 1024:
+            raise ValueError(f"ChipConfig lat must be in 1..1024, not {self.lat}")
+        if not 16 <= self.counter_bits <= 64:
+            raise ValueError(f"ChipConfig counter_bits must be in 16..64, not {self.counter_bits}")
+        if not (_power_of_two(self.rom_words) and self.rom_words <= 256):
+            raise ValueError(f"ChipConfig rom_words must be a power of two up to 256, not {self.rom_words}")
+
+    # ---- derived widths and limits -----------------------------------------------------------------
+    @property
+    def spad_addr_bits(self) -> int:
+        """Bits of a scratchpad address (12 on the book's chip)."""
+        return (self.spad_depth - 1).bit_length()
+
+    @property
+    def ext_addr_bits(self) -> int:
+        """Bits of an external-memory address on the chip's ports (16: the ISA's field)."""
+        return 16
+
+    @property
+    def elems_per_word(self) -> int:
+        """int8 elements in one word (4)."""
+        return self.word_bits // 8
+
+    @property
+    def mm_max_mn(self) -> int:
+        """The largest M and N of one MM instruction (the array size)."""
+        return self.array
+
+    @property
+    def mm_max_k(self) -> int:
+        """The largest K of one MM instruction (the operand memories' depth)."""
+        return self.row_depth
+
+    @property
+    def max_len(self) -> int:
+        """The largest length of a vector instruction whose length field holds addresses (4095)."""
+        return self.spad_depth - 1
+
+    @property
+    def counter_mask(self) -> int:
+        return (1 << self.counter_bits) - 1
+
+    def overrides(self) -> dict[str, int]:
+        """The parameters that differ from the book's chip."""
+        return {f.name: getattr(self, f.name) for f in fields(self)
+                if getattr(self, f.name) != getattr(BOOK, f.name)}
+
+    def spec(self) -> str:
+        """The ``--chip`` spec that gives back this configuration (``book`` for the book's chip)."""
+        for name, preset in PRESETS.items():
+            if preset == self:
+                return name
+        return ",".join(f"{k}={v}" for k, v in self.overrides().items())
+
+    def key(self) -> str:
+        """A stable text naming every parameter (for build caches)."""
+        return ",".join(f"{f.name}={getattr(self, f.name)}" for f in fields(self))
+
+
+BOOK = ChipConfig()
+
+# Named configurations a user can give to --chip.
+PRESETS: dict[str, ChipConfig] = {"book": BOOK}
+
+
+def parse_chip(spec: str) -> ChipConfig:
+    """A configuration from a ``--chip`` spec: a preset name, or ``name=value`` overrides of the book's
+    chip separated by commas (``array=8,mm_load=4``), optionally after a preset (``book,array=8``)."""
+    if not isinstance(spec, str) or not spec.strip():
+        raise ChipSpecError(f"--chip {spec!r}: give a preset ({', '.join(PRESETS)}) or name=value overrides")
+    names = {f.name for f in fields(ChipConfig)}
+    base, overrides = BOOK, {}
+    for i, part in enumerate(p.strip() for p in spec.split(",")):
+        if "=" not in part:
+            if i == 0 and part in PRESETS:
+                base = PRESETS[part]
+                continue
+            raise ChipSpecError(f"--chip {spec!r}: {part!r} is neither a preset ({', '.join(PRESETS)}) "
+                                f"nor name=value")
+        name, _, value = (s.strip() for s in part.partition("="))
+        if name not in names:
+            raise ChipSpecError(f"--chip {spec!r}: unknown parameter {name!r} "
+                                f"(parameters: {', '.join(sorted(names))})")
+        if name in overrides:
+            raise ChipSpecError(f"--chip {spec!r}: {name} given twice")
+        try:
+            overrides[name] = int(value, 0)
+        except ValueError:
+            raise ChipSpecError(f"--chip {spec!r}: {name}={value!r} is not a whole number") from None
+    try:
+        return replace(base, **overrides)
+    except (TypeError, ValueError) as e:
+        raise ChipSpecError(f"--chip {spec!r}: {e}") from None
