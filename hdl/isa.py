@@ -15,17 +15,22 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, fields as dc_fields
 
+from hdl.config import BOOK, ChipConfig
+
 __all__ = [
-    "Op", "FIELDS", "HW_OPERANDS", "SPAD_WORDS", "ROM_WORDS", "IsaError", "Instr",
+    "Op", "FIELDS", "HW_OPERANDS", "SPAD_WORDS", "ROM_WORDS", "MM_MAX_MN", "MM_MAX_K", "COUNTER_OF",
+    "COUNTER_INDEX", "IsaError", "Instr",
     "encode", "decode", "operands", "validate", "validate_program", "busy_cycles",
     "ld", "st", "mm", "rq", "sm", "vadd", "amax", "unpack", "halt",
     "to_words32", "from_words32", "describe",
 ]
 
-SPAD_WORDS = 4096           # scratchpad: 4096 x 32 bits, 12-bit addresses
-ROM_WORDS = 256             # the testbench ROM is indexed by imem_addr[7:0]
-MM_MAX_MN = 4               # the systolic array is 4 x 4
-MM_MAX_K = 64               # operand memories hold 64 int8 values
+# The book's limits, kept as module constants for the code that only ever meets the book's chip; every
+# check below takes a `cfg` and reads its limits from it (hdl.config is the one definition).
+SPAD_WORDS = BOOK.spad_depth        # scratchpad words
+ROM_WORDS = BOOK.rom_words          # the testbench ROM is indexed by imem_addr[7:0]
+MM_MAX_MN = BOOK.mm_max_mn          # the systolic array is MM_MAX_MN x MM_MAX_MN
+MM_MAX_K = BOOK.mm_max_k            # the operand memories' depth
 
 
 class Op(enum.IntEnum):
@@ -38,6 +43,14 @@ class Op(enum.IntEnum):
     VADD = 6
     AMAX = 7
     UNPACK = 8
+
+
+# The cycle counter each opcode's busy cycles go to (hardware spec 2.2): the one classification that the
+# reference machine, the compiler's cycle prediction and the reports share. HALT has no busy cycle.
+COUNTER_OF: dict[Op, str] = {Op.LD: "dma", Op.ST: "dma", Op.MM: "mm", Op.RQ: "vec", Op.SM: "vec",
+                             Op.VADD: "vec", Op.AMAX: "vec", Op.UNPACK: "vec"}
+# Where each class sits in the counter list [total, mm, dma, vec, instructions].
+COUNTER_INDEX: dict[str, int] = {"mm": 1, "dma": 2, "vec": 3}
 
 
 # name -> (lsb, width)
@@ -106,9 +119,9 @@ def st(src, dst, n):
 def mm(dst, A, B, M, K, N, lda=None, ldb=0, ldc=None, tb=0):
     lda = K if lda is None else lda
     ldc = N if ldc is None else ldc
-    if not 0 <= lda < 4096 or not 0 <= ldb < 4096:
-        raise IsaError(f"MM stride lda={lda} / ldb={ldb} does not fit in 12 bits")
-    return Instr(Op.MM, a=dst, b=A, c=B, d=(ldb << 12) | lda, f=M, g=K, h=N, fl=int(tb), x=ldc)
+    if not 0 <= lda < 1 << _STRIDE_BITS or not 0 <= ldb < 1 << _STRIDE_BITS:
+        raise IsaError(f"MM stride lda={lda} / ldb={ldb} does not fit in {_STRIDE_BITS} bits")
+    return Instr(Op.MM, a=dst, b=A, c=B, d=(ldb << _STRIDE_BITS) | lda, f=M, g=K, h=N, fl=int(tb), x=ldc)
 
 
 def rq(dst, src, n, m, s, relu=0):
@@ -167,6 +180,10 @@ HW_OPERANDS: dict[Op, dict[str, tuple[int, int]]] = {
 }
 
 
+# The MM strides share field d: lda in its low half, ldb in its high half (the widths of HW_OPERANDS).
+_STRIDE_BITS = HW_OPERANDS[Op.MM]["lda"][0] - HW_OPERANDS[Op.MM]["lda"][1] + 1
+
+
 def _bits(word, hi, lo):
     return (word >> lo) & ((1 << (hi - lo + 1)) - 1)
 
@@ -188,18 +205,38 @@ def operands(word: int) -> dict:
 
 # ---- validation ----------------------------------------------------------------------------------
 
-def _region(where, name, start, n, limit):
+def _region(where, name, start, n, limit, memory):
     if start + n > limit:
         raise IsaError(f"{where}: {name} = {start} with length {n} runs past the end of "
-                       f"{'the scratchpad' if limit == SPAD_WORDS else 'external memory'} ({limit} words)")
+                       f"{memory} ({limit} words)")
 
 
-def validate(ins, ext_words: int = 8192, index: int | None = None) -> dict:
-    """Check one instruction (an `Instr` or a 128-bit word) for a chip with `ext_words` of external memory.
+def validate(ins, ext_words: int | None = None, index: int | None = None, cfg: ChipConfig = BOOK) -> dict:
+    """Check one instruction (an `Instr` or a 128-bit word) for the chip `cfg`.
+
+    Parameters
+    ----------
+    ins : Instr or int
+    ext_words : int, optional
+        Words of external memory (default: ``cfg.ext_words``).
+    index : int, optional
+        The instruction's place in its program, for the message.
+    cfg : hdl.config.ChipConfig
+        The chip: its scratchpad depth and the MM unit's limits.
 
     Raises `IsaError` naming the instruction (its index when given) and the offending field; returns
     the hardware operands (see `operands`) when the instruction is legal.
     """
+    ext_words = cfg.ext_words if ext_words is None else ext_words
+    spad_words = cfg.spad_depth
+    max_mn, max_k = cfg.mm_max_mn, cfg.mm_max_k
+
+    def spad_region(where, name, start, n):
+        _region(where, name, start, n, spad_words, "the scratchpad")
+
+    def ext_region(where, name, start, n):
+        _region(where, name, start, n, ext_words, "external memory")
+
     word = encode(ins) if isinstance(ins, Instr) else ins
     if not isinstance(word, int) or not 0 <= word < (1 << 128):
         raise IsaError(f"instruction {index}: word {word!r} is not a 128-bit unsigned integer")
@@ -215,64 +252,65 @@ def validate(ins, ext_words: int = 8192, index: int | None = None) -> dict:
     if op == Op.HALT:
         return o
     if op == Op.MM:
-        for k, lim in (("M", MM_MAX_MN), ("K", MM_MAX_K), ("N", MM_MAX_MN)):
+        for k, lim in (("M", max_mn), ("K", max_k), ("N", max_mn)):
             if not 1 <= o[k] <= lim:
                 raise IsaError(f"{where}: {k} = {o[k]} is outside 1..{lim}")
         # fields wider than what the hardware reads would be silently truncated: refuse them
-        for fname, used in (("a", 12), ("b", 12), ("c", 12), ("x", 12)):
-            if getattr(g, fname) >= (1 << used):
+        for fname in ("a", "b", "c", "x"):
+            if getattr(g, fname) >= spad_words:
                 raise IsaError(f"{where}: {OPERANDS[Op.MM][fname]} = {getattr(g, fname)} "
-                               f"is past the scratchpad ({SPAD_WORDS} words)")
+                               f"is past the scratchpad ({spad_words} words)")
         if g.f > 15 or g.g > 127 or g.h > 15:
             raise IsaError(f"{where}: M/K/N field carries bits the hardware ignores")
         M, K, N = o["M"], o["K"], o["N"]
-        _region(where, "dst", o["dst"], (M - 1) * o["ldc"] + N, SPAD_WORDS)
-        _region(where, "A", o["A"], (M - 1) * o["lda"] + K, SPAD_WORDS)
+        spad_region(where, "dst", o["dst"], (M - 1) * o["ldc"] + N)
+        spad_region(where, "A", o["A"], (M - 1) * o["lda"] + K)
         span_b = (N - 1) * o["ldb"] + K if o["tb"] else (K - 1) * o["ldb"] + N
-        _region(where, "B", o["B"], span_b, SPAD_WORDS)
+        spad_region(where, "B", o["B"], span_b)
         return o
     n = o["len"]
     len_field = "d" if op == Op.VADD else "c"
     raw_len = getattr(g, len_field)
-    limit = SPAD_WORDS if op == Op.VADD else SPAD_WORDS - 1
+    limit = spad_words if op == Op.VADD else cfg.max_len
     if raw_len == 0:
         raise IsaError(f"{where}: len = 0 (a zero length never finishes)")
     if raw_len > limit:
         raise IsaError(f"{where}: len = {raw_len} is outside 1..{limit}")
     if op == Op.LD:
-        if g.a >= SPAD_WORDS:
-            raise IsaError(f"{where}: dst = {g.a} is past the scratchpad ({SPAD_WORDS} words)")
-        _region(where, "dst", o["dst"], n, SPAD_WORDS)
-        _region(where, "src", o["src"], n, ext_words)
+        if g.a >= spad_words:
+            raise IsaError(f"{where}: dst = {g.a} is past the scratchpad ({spad_words} words)")
+        spad_region(where, "dst", o["dst"], n)
+        ext_region(where, "src", o["src"], n)
     elif op == Op.ST:
-        if g.a >= SPAD_WORDS:
-            raise IsaError(f"{where}: src = {g.a} is past the scratchpad ({SPAD_WORDS} words)")
-        _region(where, "src", o["src"], n, SPAD_WORDS)
-        _region(where, "dst", o["dst"], n, ext_words)
+        if g.a >= spad_words:
+            raise IsaError(f"{where}: src = {g.a} is past the scratchpad ({spad_words} words)")
+        spad_region(where, "src", o["src"], n)
+        ext_region(where, "dst", o["dst"], n)
     else:
         names = [OPERANDS[Op(op)][f] for f in ("a", "b", "c") if OPERANDS[Op(op)][f] != "len"]
         for fname, oname in zip(("a", "b", "c"), names):
-            if getattr(g, fname) >= SPAD_WORDS:
-                raise IsaError(f"{where}: {oname} = {getattr(g, fname)} is past the scratchpad ({SPAD_WORDS} words)")
+            if getattr(g, fname) >= spad_words:
+                raise IsaError(f"{where}: {oname} = {getattr(g, fname)} is past the scratchpad ({spad_words} words)")
         out_n = 8 * n if op == Op.UNPACK else (1 if op == Op.AMAX else n)
-        _region(where, "dst", o["dst"], out_n, SPAD_WORDS)
+        spad_region(where, "dst", o["dst"], out_n)
         if op == Op.VADD:
-            _region(where, "src1", o["src1"], n, SPAD_WORDS)
-            _region(where, "src2", o["src2"], n, SPAD_WORDS)
+            spad_region(where, "src1", o["src1"], n)
+            spad_region(where, "src2", o["src2"], n)
         else:
-            _region(where, "src", o["src"], n, SPAD_WORDS)
+            spad_region(where, "src", o["src"], n)
     return o
 
 
-def validate_program(words, ext_words: int = 8192) -> None:
-    """Validate every instruction of a program and check that it ends with a HALT and fits the ROM."""
+def validate_program(words, ext_words: int | None = None, cfg: ChipConfig = BOOK) -> None:
+    """Validate every instruction of a program for the chip `cfg` (external memory `ext_words`, default
+    ``cfg.ext_words``) and check that it ends with a HALT and fits the chip's program ROM."""
     words = [encode(w) if isinstance(w, Instr) else w for w in words]
     if not words:
         raise IsaError("the program is empty (it needs at least a HALT)")
-    if len(words) > ROM_WORDS:
-        raise IsaError(f"the program has {len(words)} instructions; the program ROM holds {ROM_WORDS}")
+    if len(words) > cfg.rom_words:
+        raise IsaError(f"the program has {len(words)} instructions; the program ROM holds {cfg.rom_words}")
     for i, w in enumerate(words):
-        validate(w, ext_words, index=i)
+        validate(w, ext_words, index=i, cfg=cfg)
     if operands(words[-1])["op"] != Op.HALT:
         raise IsaError(f"the program does not end with a HALT (instruction {len(words) - 1} is "
                        f"{Op(operands(words[-1])['op']).name}): it would run off its end")
@@ -280,15 +318,21 @@ def validate_program(words, ext_words: int = 8192) -> None:
 
 # ---- the per-instruction cycle model (hardware spec 4.9) -----------------------------------------
 
-def busy_cycles(ins, lat: int = 8) -> int:
-    """WAIT cycles B of one legal instruction; the instruction costs 2 + B cycles in all (HALT: 2)."""
+def _mm_busy_cycles(M: int, K: int, N: int, cfg: ChipConfig = BOOK) -> int:
+    """Stand-in for ``mm_busy_cycles`` until the MM unit's own model is here: the book's MM timing,
+    which loads one operand element a cycle whatever the configuration."""
+    return M * K + K * N + (K + M + N - 2) + M * N + 7
+
+
+def busy_cycles(ins, lat: int = 8, cfg: ChipConfig = BOOK) -> int:
+    """WAIT cycles B of one legal instruction on the chip `cfg`; the instruction costs 2 + B cycles in
+    all (HALT: 2). Only the MM unit's time depends on the configuration."""
     o = operands(ins)
     op = o["op"]
     if op == Op.HALT:
         return 0
     if op == Op.MM:
-        M, K, N = o["M"], o["K"], o["N"]
-        return M * K + K * N + (K + M + N - 2) + M * N + 7
+        return _mm_busy_cycles(o["M"], o["K"], o["N"], cfg)
     n = o["len"]
     return {Op.LD: n + lat + 1, Op.ST: n + 2, Op.RQ: n + 2, Op.SM: 3 * n + 47,
             Op.VADD: 2 * n + 2, Op.AMAX: n + 3, Op.UNPACK: 10 * n + 1}[Op(op)]

@@ -8,6 +8,7 @@ from amaranth.hdl import Module, Signal, signed, unsigned
 from amaranth.lib import data, wiring
 from amaranth.lib.wiring import In, Out
 
+from hdl.arith import SOFTMAX_NUM as NUMERATOR    # r = floor(2^38 / sum): 22 fraction bits for Q0.16
 from hdl._checks import check_int
 from hdl.divider import Divider
 from hdl.exp_lut import ExpTable
@@ -15,7 +16,6 @@ from hdl.exp_lut import ExpTable
 __all__ = ["Softmax"]
 
 DIV_WIDTH = 40
-NUMERATOR = 1 << 38     # r = floor(2^38 / sum) keeps 22 fraction bits for the Q0.16 result
 
 
 class Softmax(wiring.Component):

@@ -6,6 +6,7 @@ back from dst and writes (e*r + 2^21) >> 22 over it; done is high in W_B with B 
 """
 from amaranth.hdl import Module, Mux, Signal, signed
 
+from hdl.arith import SOFTMAX_NUM as RECIP_NUM    # the divider's constant numerator, defined once
 from hdl.divider import Divider
 from hdl.exp_lut import ExpTable
 from hdl.isa import Op
@@ -14,7 +15,6 @@ from hdl.unit import SpadUnit
 __all__ = ["SoftmaxUnit"]
 
 DIV_WIDTH = 40
-RECIP_NUM = 1 << 38     # the divider's constant numerator: r = floor(2^38 / sum)
 
 
 class SoftmaxUnit(SpadUnit):
@@ -36,8 +36,8 @@ class SoftmaxUnit(SpadUnit):
 
         opr = self.operand_register()
         src, dst, length = opr.src, opr.dst, opr.len
-        i = Signal(12)          # next element to read
-        j = Signal(12)          # element whose data is in sp_rd when v is set
+        i = self.addr_signal("i")          # next element to read
+        j = self.addr_signal("j")          # element whose data is in sp_rd when v is set
         v = Signal()
         mx = Signal(signed(8))
         total = Signal(32)
