@@ -164,8 +164,21 @@ BACKENDS = {
 }
 
 
-def get_backend(name: str, **options) -> Backend:
-    """Instantiate a backend by name; raises `BackendUnavailable` with a one-line reason."""
+def get_backend(name: str, config=None, **options) -> Backend:
+    """Instantiate a backend by name for the chip `config`; raises `BackendUnavailable` with a one-line reason.
+
+    Parameters
+    ----------
+    name : str
+        A key of `BACKENDS`.
+    config : hdl.config.ChipConfig, optional
+        The chip to simulate (default: the book's). Handed to every backend that takes ``config=``; a
+        backend that does not yet is available only for the book's chip.
+    **options
+        The backend's own options (``vcd=``, ``trace=``, ...).
+    """
+    from hdl.config import BOOK
+    config = BOOK if config is None else config
     if name not in BACKENDS:
         raise BackendUnavailable(f"unknown simulator {name!r} (choose from {', '.join(BACKENDS)})")
     module_name, cls_name = BACKENDS[name].split(":")
@@ -176,7 +189,14 @@ def get_backend(name: str, **options) -> Backend:
         if e.name == module_name:
             raise BackendUnavailable(f"the {name} simulator is not available yet") from None
         raise
-    return getattr(module, cls_name)(**options)
+    cls = getattr(module, cls_name)
+    import inspect
+    if "config" in inspect.signature(cls).parameters:
+        options["config"] = config
+    elif config != BOOK:
+        raise BackendUnavailable(f"the {name} simulator builds only the book's chip so far, not --chip "
+                                 f"{config.spec()} (use --sim reference)")
+    return cls(**options)
 
 
 def first_difference(expected: RunResult, got: RunResult, scratchpad: bool = True) -> str | None:

@@ -6,31 +6,31 @@ Operands are the bits the hardware reads (``hdl.isa.operands``), arithmetic is `
 order of scratchpad reads and writes inside a unit follows its pipeline (hardware spec 4), so even a
 legal-but-odd program (partially overlapping RQ/VADD/SM operands) gives what the chip gives.
 
-Program ROM: the chip fetches ``rom[pc & 255]`` from a 256-entry ROM whose unused entries are zero.
-This machine mirrors it: a program that does not end with a HALT runs into a zero word (a HALT) at
-``pc = len(program)``, and a full 256-word program without HALT wraps to ``pc & 255`` and eventually
-runs out of cycles. Instructions are validated only when they are executed (words after the HALT are
+Program ROM: the chip fetches ``rom[pc mod R]`` from an R-entry ROM (``config.rom_words``, 256 on the
+book's chip) whose unused entries are zero. This machine mirrors it: a program that does not end with a
+HALT runs into a zero word (a HALT) at ``pc = len(program)``, and a full R-word program without HALT
+wraps to ``pc mod R`` and eventually runs out of cycles. Instructions are validated only when they are executed (words after the HALT are
 never fetched by the chip either).
 """
 from __future__ import annotations
 
 from hdl.arith import (EXP_TABLE, SOFTMAX_NUM, argmax_first, divu, requant, s8, softmax_q16,
                        unpack_word, vadd_sat)
-from hdl.isa import ROM_WORDS, SPAD_WORDS, IsaError, Op, busy_cycles, operands, validate
+from hdl.config import BOOK, ChipConfig
+from hdl.isa import COUNTER_INDEX, COUNTER_OF, IsaError, Op, busy_cycles, operands, validate
 
 from sim.backend import (MAX_CYCLES, Backend, BadInput, DidNotHalt, RunResult, SimError, TraceEntry,
                          check_lat, check_max_cycles, image_words, program_words)
 
 __all__ = ["ReferenceMachine", "IllegalInstruction", "BadInput"]
 
-_SP = SPAD_WORDS - 1        # scratchpad addresses wrap at 12 bits
 _XA = 0xFFFF                # external addresses wrap at 16 bits
 _W = 0xFFFFFFFF
 _S8 = tuple(s8(b) for b in range(256))     # s8 of a low byte, as a table for the MM loops
 _DEADBEEF = 0xDEADBEEF      # what the memory model answers past its end (hardware spec 6.3)
 
-# cycle-counter class of each opcode (hardware spec 2.2): index into the counter list
-_CLASS = {Op.LD: 2, Op.ST: 2, Op.MM: 1}
+# the counter list's index for each opcode's busy cycles, from the ISA's one classification
+_COUNTER = {op: COUNTER_INDEX[cls] for op, cls in COUNTER_OF.items()}
 
 
 class IllegalInstruction(SimError):
@@ -53,31 +53,43 @@ class ReferenceMachine(Backend):
         illegal one raises `IllegalInstruction`. When false the machine does what the hardware does:
         addresses wrap, external reads past the end give 0xDEADBEEF, writes past the end are
         dropped, and a zero length or M/K/N hangs (`DidNotHalt`).
+    config : hdl.config.ChipConfig
+        The chip modelled (the book's by default): its scratchpad depth, program ROM, the MM unit's
+        limits and cycle model, the counters' width.
     """
     name = "reference"
 
-    def __init__(self, max_cycles: int = MAX_CYCLES, trace: bool = False, check: bool = True):
+    def __init__(self, max_cycles: int = MAX_CYCLES, trace: bool = False, check: bool = True,
+                 config: ChipConfig = BOOK):
         self.max_cycles = check_max_cycles(max_cycles)
         self.trace = trace
         self.check = check
+        if not isinstance(config, ChipConfig):
+            raise BadInput(f"config must be an hdl.config.ChipConfig, got {type(config).__name__}")
+        self.config = config
 
     # ---- the run -----------------------------------------------------------------------------
 
     def run(self, program, image, lat: int = 8) -> RunResult:
         """Run `program` on a copy of `image` with external read latency `lat`; see the class doc."""
         check_lat(lat)
+        cfg = self.config
         rom = program_words(program)
-        rom += [0] * (ROM_WORDS - len(rom))
+        if len(rom) > cfg.rom_words:
+            raise BadInput(f"the program has {len(rom)} instructions; the program ROM holds {cfg.rom_words}")
+        rom_mask = cfg.rom_words - 1
+        rom += [0] * (cfg.rom_words - len(rom))
         ext = image_words(image)
         n_ext = len(ext)
-        spad = [0] * SPAD_WORDS
+        sp = cfg.spad_depth - 1         # scratchpad addresses wrap at the depth (a power of two)
+        spad = [0] * cfg.spad_depth
         counters = [0, 0, 0, 0, 0]
         trace = [] if self.trace else None
         check = self.check
         limit = self.max_cycles
         pc = 0
         while True:
-            word = rom[pc & (ROM_WORDS - 1)]
+            word = rom[pc & rom_mask]
             o = operands(word)
             op = o["op"]
             fetch = counters[0]
@@ -93,100 +105,102 @@ class ReferenceMachine(Backend):
                 raise DidNotHalt(f"did not halt within {limit} cycles (pc {pc}: illegal opcode {op})")
             if check:
                 try:
-                    validate(word, ext_words=n_ext, index=pc)
+                    validate(word, ext_words=n_ext, index=pc, cfg=cfg)
                 except IsaError as e:
                     raise IllegalInstruction(str(e)) from None
             else:
-                self._hang_check(o, pc, limit)
-            busy = busy_cycles(word, lat)
+                self._hang_check(o, pc, limit, cfg)
+            busy = busy_cycles(word, lat, cfg)
             counters[0] += 2 + busy
             if counters[0] > limit:
                 raise DidNotHalt(f"did not halt within {limit} cycles (pc {pc}: {Op(op).name} "
                                  f"would end at cycle {counters[0]})")
-            counters[_CLASS.get(op, 3)] += busy
+            counters[_COUNTER[op]] += busy
             counters[4] += 1
             if trace is not None:
                 trace.append(TraceEntry(pc, fetch, fetch + 1, fetch + 1 + busy))
-            _EXEC[op](o, spad, ext, n_ext)
+            _EXEC[op](o, spad, ext, n_ext, sp)
             pc = (pc + 1) & 0xFFFF
-        return RunResult(ext=ext, counters=[c & _W for c in counters], scratchpad=spad, trace=trace)
+        return RunResult(ext=ext, counters=[c & cfg.counter_mask for c in counters], scratchpad=spad,
+                         trace=trace)
 
     @staticmethod
-    def _hang_check(o, pc, limit):
+    def _hang_check(o, pc, limit, cfg):
         """Unchecked mode: the cases where the hardware never raises done (hardware spec 3.3)."""
         op = Op(o["op"])
         if op == Op.MM:
             if 0 in (o["M"], o["K"], o["N"]):
                 raise DidNotHalt(f"did not halt within {limit} cycles (pc {pc}: MM with M, K or N = 0)")
-            if o["M"] > 4 or o["N"] > 4 or o["K"] > 64:
+            n, k = cfg.mm_max_mn, cfg.mm_max_k
+            if o["M"] > n or o["N"] > n or o["K"] > k:
                 raise IllegalInstruction(f"instruction {pc} (MM): M={o['M']} K={o['K']} N={o['N']} "
-                                         f"exceeds the 4x4 array / 64-deep operand memories (not modelled)")
+                                         f"exceeds the {n}x{n} array / {k}-deep operand memories (not modelled)")
         elif o["len"] == 0:
             raise DidNotHalt(f"did not halt within {limit} cycles (pc {pc}: {op.name} with len = 0)")
 
 
-# ---- one function per unit: (operands, scratchpad, external memory, EXT) -------------------------
+# ---- one function per unit: (operands, scratchpad, external memory, EXT, scratchpad address mask) ----
 
-def _ld(o, spad, ext, n_ext):
+def _ld(o, spad, ext, n_ext, sp):
     dst, src = o["dst"], o["src"]
     for k in range(o["len"]):
         a = (src + k) & _XA
-        spad[(dst + k) & _SP] = ext[a] if a < n_ext else _DEADBEEF
+        spad[(dst + k) & sp] = ext[a] if a < n_ext else _DEADBEEF
 
 
-def _st(o, spad, ext, n_ext):
+def _st(o, spad, ext, n_ext, sp):
     src, dst = o["src"], o["dst"]
     for k in range(o["len"]):
         a = (dst + k) & _XA
         if a < n_ext:
-            ext[a] = spad[(src + k) & _SP]
+            ext[a] = spad[(src + k) & sp]
 
 
-def _rq(o, spad, ext, n_ext):
+def _rq(o, spad, ext, n_ext, sp):
     # element k is read at the edge that writes element k-1: a read sees the writes of elements <= k-2
     dst, src, n, m, s, relu = o["dst"], o["src"], o["len"], o["m"], o["s"], o["relu"]
     out = []
     for k in range(n):
         if k >= 2:
-            spad[(dst + k - 2) & _SP] = out[k - 2]
-        out.append(requant(spad[(src + k) & _SP], m, s, relu) & _W)
+            spad[(dst + k - 2) & sp] = out[k - 2]
+        out.append(requant(spad[(src + k) & sp], m, s, relu) & _W)
     for k in range(max(0, n - 2), n):
-        spad[(dst + k) & _SP] = out[k]
+        spad[(dst + k) & sp] = out[k]
 
 
-def _vadd(o, spad, ext, n_ext):
+def _vadd(o, spad, ext, n_ext, sp):
     # src1[k] is sampled with the writes of elements <= k-2 done, src2[k] with those <= k-1 done
     dst, s1, s2, n = o["dst"], o["src1"], o["src2"], o["len"]
     prev = None
     for k in range(n):
-        x = spad[(s1 + k) & _SP]
+        x = spad[(s1 + k) & sp]
         if prev is not None:
-            spad[(dst + k - 1) & _SP] = prev
-        y = spad[(s2 + k) & _SP]
+            spad[(dst + k - 1) & sp] = prev
+        y = spad[(s2 + k) & sp]
         prev = vadd_sat(x, y) & _W
-    spad[(dst + n - 1) & _SP] = prev
+    spad[(dst + n - 1) & sp] = prev
 
 
-def _amax(o, spad, ext, n_ext):
+def _amax(o, spad, ext, n_ext, sp):
     # the index is written once, after every element has been read
     src, n = o["src"], o["len"]
-    spad[o["dst"]] = argmax_first([spad[(src + k) & _SP] for k in range(n)])
+    spad[o["dst"]] = argmax_first([spad[(src + k) & sp] for k in range(n)])
 
 
-def _sm(o, spad, ext, n_ext):
+def _sm(o, spad, ext, n_ext, sp):
     dst, src, n = o["dst"], o["src"], o["len"]
-    xs = [spad[(src + k) & _SP] for k in range(n)]
-    d = (dst - src) & _SP
-    if d == 0 or n <= d <= SPAD_WORDS - n:
+    xs = [spad[(src + k) & sp] for k in range(n)]
+    d = (dst - src) & sp
+    if d == 0 or n <= d <= sp + 1 - n:
         # in place or disjoint: pass 2 reads exactly the scores pass 1 read
         p = softmax_q16(xs)
         for k in range(n):
-            spad[(dst + k) & _SP] = p[k]
+            spad[(dst + k) & sp] = p[k]
     else:
-        _sm_partial_overlap(dst, src, n, xs, spad)
+        _sm_partial_overlap(dst, src, n, xs, spad, sp)
 
 
-def _sm_partial_overlap(dst, src, n, xs, spad):
+def _sm_partial_overlap(dst, src, n, xs, spad, sp):
     """SM whose dst partially overlaps src: pass 2 re-reads scores it may already have overwritten.
 
     Pass 1 only reads (the maximum comes from the clean scores); pass 2 reads element k after the
@@ -197,41 +211,41 @@ def _sm_partial_overlap(dst, src, n, xs, spad):
     total = 0
     for k in range(n):
         if k >= 2:
-            spad[(dst + k - 2) & _SP] = e[k - 2]
-        e.append(EXP_TABLE[(m - s8(spad[(src + k) & _SP])) & 0xFF])
+            spad[(dst + k - 2) & sp] = e[k - 2]
+        e.append(EXP_TABLE[(m - s8(spad[(src + k) & sp])) & 0xFF])
         total = (total + e[k]) & _W
     for k in range(max(0, n - 2), n):
-        spad[(dst + k) & _SP] = e[k]
+        spad[(dst + k) & sp] = e[k]
     r, _ = divu(SOFTMAX_NUM, total, 40)
     for k in range(n):
-        a = (dst + k) & _SP
+        a = (dst + k) & sp
         spad[a] = (((spad[a] & 0xFFFF) * r + (1 << 21)) >> 22) & 0x1FFFF
 
 
-def _unpack(o, spad, ext, n_ext):
+def _unpack(o, spad, ext, n_ext, sp):
     # word i is read before any nibble of word i is written and after all of word i-1's
     dst, src = o["dst"], o["src"]
     for i in range(o["len"]):
         base = dst + 8 * i
-        for j, v in enumerate(unpack_word(spad[(src + i) & _SP])):
-            spad[(base + j) & _SP] = v & _W
+        for j, v in enumerate(unpack_word(spad[(src + i) & sp])):
+            spad[(base + j) & sp] = v & _W
 
 
-def _mm(o, spad, ext, n_ext):
+def _mm(o, spad, ext, n_ext, sp):
     # every operand is staged in the operand memories before the first result is written
     dst, A, B, lda, ldb, ldc = o["dst"], o["A"], o["B"], o["lda"], o["ldb"], o["ldc"]
     M, K, N, tb = o["M"], o["K"], o["N"], o["tb"]
-    a = [[_S8[spad[(A + i * lda + k) & _SP] & 0xFF] for k in range(K)] for i in range(M)]
+    a = [[_S8[spad[(A + i * lda + k) & sp] & 0xFF] for k in range(K)] for i in range(M)]
     if tb:
-        b = [[_S8[spad[(B + j * ldb + k) & _SP] & 0xFF] for k in range(K)] for j in range(N)]
+        b = [[_S8[spad[(B + j * ldb + k) & sp] & 0xFF] for k in range(K)] for j in range(N)]
     else:
-        b = [[_S8[spad[(B + k * ldb + j) & _SP] & 0xFF] for k in range(K)] for j in range(N)]
+        b = [[_S8[spad[(B + k * ldb + j) & sp] & 0xFF] for k in range(K)] for j in range(N)]
     for i in range(M):
         ai = a[i]
         row = dst + i * ldc
         for j in range(N):
             bj = b[j]
-            spad[(row + j) & _SP] = sum(x * y for x, y in zip(ai, bj)) & _W
+            spad[(row + j) & sp] = sum(x * y for x, y in zip(ai, bj)) & _W
 
 
 _EXEC = {Op.LD: _ld, Op.ST: _st, Op.MM: _mm, Op.RQ: _rq, Op.SM: _sm, Op.VADD: _vadd,
