@@ -1,6 +1,6 @@
 """Capra, the GA-2 compiler: graph -> scales -> buffers -> 128-bit program, image and readback.
 
-Pure Python; imports only `hdl.isa` and `hdl.arith`. A backend (any object with
+Pure Python; imports only `hdl.isa`, `hdl.arith` and `hdl.config` (the chip compiled for). A backend (any object with
 ``run(code, image, lat)``) is passed to `run`, never imported here.
 """
 from .buffers import Allocator, Buffer, ExtEntry

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hdl.isa import SPAD_WORDS
+from hdl.config import BOOK
 
 from .graph import CompileError, Graph
 
@@ -56,9 +56,15 @@ class ExtEntry:
 
 
 class Allocator:
-    """First-fit allocator with coalescing over the scratchpad (model spec 4.8)."""
+    """First-fit allocator with coalescing over the scratchpad (model spec 4.8).
 
-    def __init__(self, size: int = SPAD_WORDS):
+    Parameters
+    ----------
+    size : int
+        Words to allocate from: the chip's scratchpad depth (default: the book's chip's).
+    """
+
+    def __init__(self, size: int = BOOK.spad_depth):
         self.size = size
         self.free = [(0, size)]
         self.hwm = 0

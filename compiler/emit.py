@@ -1,8 +1,12 @@
 """Lowering a planned graph to GA-2 instructions (model spec 4.9) and the `Program` record (4.10).
 
 One forward pass, node by node: inputs and weights are loaded lazily by their first consumer, every
-matmul becomes 4x4-or-smaller MM tiles into a temporary accumulator and one RQ, buffers are released
-after their last use. The program ends with HALT; its cycle count follows `hdl.isa.busy_cycles`.
+matmul becomes MM tiles of at most the array's size (``cfg.mm_max_mn`` square, 4x4 on the book's chip)
+into a temporary accumulator and one RQ, buffers are released after their last use. The program ends
+with HALT; its cycle count follows `hdl.isa.busy_cycles` for the chip it was compiled for.
+
+The tiles of one matmul write disjoint parts of the accumulator and each computes its dot products in
+full (K is never split), so the tile size changes the order of independent tiles and never the integers.
 """
 from __future__ import annotations
 
@@ -10,7 +14,7 @@ from dataclasses import dataclass, field
 
 from hdl import isa
 from hdl.arith import mantissa_shift
-from hdl.isa import Op
+from hdl.config import BOOK, ChipConfig
 
 from .buffers import Allocator, plan_buffers, plan_external, plan_lifetimes
 from .graph import CompileError, Graph
@@ -53,6 +57,8 @@ class Program:
     hwm : int
         Scratchpad high-water mark in words.
     warnings : list of str
+    config : hdl.config.ChipConfig
+        The chip the program was compiled for (its limits and cycle model).
     """
     graph: Graph
     code: list
@@ -69,24 +75,20 @@ class Program:
     buffers: list
     hwm: int
     warnings: list = field(default_factory=list)
+    config: ChipConfig = BOOK
 
     def cycles(self, lat: int = 8) -> list:
         """Per instruction, fetch/issue plus busy cycles of the cycle model (HALT: 2)."""
-        return [2 + isa.busy_cycles(w, lat) for w in self.code]
+        return [2 + isa.busy_cycles(w, lat, self.config) for w in self.code]
 
     def counters(self, lat: int = 8) -> list:
         """The five counters ``[total, mm, dma, vec, instructions]`` the cycle model predicts."""
-        mm = dma = vec = 0
+        counters = [sum(self.cycles(lat)), 0, 0, 0, len(self.code) - 1]
         for w in self.code:
-            op = isa.operands(w)["op"]
-            b = isa.busy_cycles(w, lat)
-            if op == Op.MM:
-                mm += b
-            elif op in (Op.LD, Op.ST):
-                dma += b
-            elif op != Op.HALT:
-                vec += b
-        return [sum(self.cycles(lat)), mm, dma, vec, len(self.code) - 1]
+            cls = isa.COUNTER_OF.get(isa.operands(w)["op"])
+            if cls is not None:         # HALT counts in no class
+                counters[isa.COUNTER_INDEX[cls]] += isa.busy_cycles(w, lat, self.config)
+        return counters
 
     def listing(self) -> str:
         """The program as text: index, assembly, role, cycles."""
@@ -102,7 +104,8 @@ def _mshift(M, what):
         raise CompileError(f"{what}: {e}") from None
 
 
-def compile_graph(graph: Graph, calib_samples, ranges=None, ext_words: int = 8192, reuse: bool = True) -> Program:
+def compile_graph(graph: Graph, calib_samples, ranges=None, ext_words: int | None = None, reuse: bool = True,
+                  config: ChipConfig = BOOK) -> Program:
     """Compile `graph` for the GA-2 chip.
 
     Parameters
@@ -112,10 +115,13 @@ def compile_graph(graph: Graph, calib_samples, ranges=None, ext_words: int = 819
         Input sets (name -> 2-D list) whose float evaluation gives every node's range.
     ranges : dict, optional
         Tag -> range overriding the calibrated range of every node with that tag.
-    ext_words : int
-        Size of the chip's external memory (8192 words).
+    ext_words : int, optional
+        Size of the chip's external memory (default: ``config.ext_words``, 8192 on the book's chip).
     reuse : bool
         Release buffers after their last use (the default); temporaries are released either way.
+    config : hdl.config.ChipConfig
+        The chip compiled for: the array size tiles the matmuls, the operand memories' depth bounds K,
+        the scratchpad depth bounds the allocator.
 
     Raises
     ------
@@ -124,6 +130,10 @@ def compile_graph(graph: Graph, calib_samples, ranges=None, ext_words: int = 819
     """
     if not isinstance(graph, Graph) or not graph.nodes:
         raise CompileError("compile_graph needs a non-empty Graph")
+    if not isinstance(config, ChipConfig):
+        raise CompileError(f"config must be an hdl.config.ChipConfig, got {type(config).__name__}")
+    ext_words = config.ext_words if ext_words is None else ext_words
+    tile, max_k = config.mm_max_mn, config.mm_max_k
     nodes = graph.nodes
     relu_fused = fuse_relus(graph)
     scale, rng, warnings = plan_scales(graph, calib_samples, ranges)
@@ -137,7 +147,7 @@ def compile_graph(graph: Graph, calib_samples, ranges=None, ext_words: int = 819
     for n in nodes:
         if loc[n.id] is not None and n.op not in ("slice", "output", "argmax"):
             holders[loc[n.id][0]] = holders.get(loc[n.id][0], 0) + 1
-    spad = Allocator()
+    spad = Allocator(config.spad_depth)
     instrs, notes = [], []
     rq_params = {}
     loaded = set()
@@ -193,17 +203,17 @@ def compile_graph(graph: Graph, calib_samples, ranges=None, ext_words: int = 819
             m, k = A.shape
             nn = n.cols
             tb = n.attrs["transpose_b"]
-            if k > isa.MM_MAX_K:
+            if k > max_k:
                 raise CompileError(f"{n.label()}: inner dimension {k} of {A.label()} exceeds the matrix "
-                                   f"unit's {isa.MM_MAX_K}")
+                                   f"unit's {max_k}")
             out = addr_of(n.id)
             acc = temp(m * nn, n.label())
-            for i0 in range(0, m, isa.MM_MAX_MN):
-                for j0 in range(0, nn, isa.MM_MAX_MN):
+            for i0 in range(0, m, tile):
+                for j0 in range(0, nn, tile):
                     emit(isa.mm(acc + i0 * nn + j0, srcs[0] + i0 * k, srcs[1] + (j0 * k if tb else j0),
-                                min(4, m - i0), k, min(4, nn - j0), lda=k, ldb=k if tb else nn, ldc=nn,
+                                min(tile, m - i0), k, min(tile, nn - j0), lda=k, ldb=k if tb else nn, ldc=nn,
                                 tb=int(tb)),
-                         f"node {n.id} tile " + (f"i0={i0} " if m > isa.MM_MAX_MN else "") + f"j0={j0}")
+                         f"node {n.id} tile " + (f"i0={i0} " if m > tile else "") + f"j0={j0}")
             M = n.attrs["scale"] * scale[A.id] * scale[B.id] / scale[n.id]
             mant, sh = _mshift(M, f"{n.label()} requantizer")
             rq_params[n.id] = (mant, sh)
@@ -256,10 +266,10 @@ def compile_graph(graph: Graph, calib_samples, ranges=None, ext_words: int = 819
 
     code = [isa.encode(i) for i in instrs]
     try:
-        isa.validate_program(code, ext_words)
+        isa.validate_program(code, ext_words, cfg=config)
     except isa.IsaError as e:
         raise CompileError(f"the emitted program is not legal for the chip: {e}") from None
     return Program(graph=graph, code=code, instrs=instrs, notes=notes, ext_map=ext,
                    ext_words=sum(e.words for e in ext.values()), ext_size=ext_words, scales=scale,
                    ranges=rng, rq_params=rq_params, relu_fused=relu_fused, loc=loc, buffers=buffers,
-                   hwm=spad.hwm, warnings=warnings)
+                   hwm=spad.hwm, warnings=warnings, config=config)

@@ -47,8 +47,10 @@ def quantized_inputs(P, inputs) -> dict:
     return out
 
 
-def ext_image(P, inputs, ext_size: int = 8192) -> list:
-    """The external memory (a list of `ext_size` unsigned 32-bit words) for one run of `P` on `inputs`."""
+def ext_image(P, inputs, ext_size: int | None = None) -> list:
+    """The external memory (a list of `ext_size` unsigned 32-bit words, by default the size `P` was
+    compiled for) for one run of `P` on `inputs`."""
+    ext_size = P.ext_size if ext_size is None else ext_size
     if ext_size < P.ext_words:
         raise CompileError(f"ext_size {ext_size} is smaller than the program's {P.ext_words} external words")
     image = [0] * ext_size

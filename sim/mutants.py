@@ -284,7 +284,7 @@ MUTANTS: tuple[Mutant, ...] = (
        "scratchpad: the write port takes the read address", "tests/test_scratchpad.py"),
     _m("sim", "sim/reference.py", "counters[0] += 2 + busy", "counters[0] += 1 + busy",
        "reference machine: an instruction costs 1 + busy cycles (no ISSUE cycle)", "tests/test_reference.py"),
-    _m("sim", "sim/reference.py", "_CLASS = {Op.LD: 2, Op.ST: 2, Op.MM: 1}", "_CLASS = {Op.LD: 2, Op.MM: 1}",
+    _m("sim", "hdl/isa.py", 'Op.ST: "dma"', 'Op.ST: "vec"',
        "reference machine: ST's busy cycles are counted as vector cycles, not DMA", "tests/test_reference.py"),
     _m("sim", "sim/reference.py", "prev = vadd_sat(x, y) & _W", "prev = vadd_sat(x, x) & _W",
        "reference machine: VADD adds src1 to itself", "tests/test_reference.py"),
