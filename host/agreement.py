@@ -12,6 +12,7 @@ import sys
 import compiler as C
 
 from .calibrate import calibrate
+from .paged import MAX_CONTEXT
 from .tiny_lm import V, argmax, build_graph, float_generate, float_step, make_model
 
 __all__ = ["agreement_study", "decode_forced", "rel_rms", "MAX_STEPS", "build_parser", "main"]
@@ -78,7 +79,8 @@ def agreement_study(seeds=(1, 2, 3), starts=range(V), steps: int = 12, backend=N
             "worst_err": max(errors), "errors": errors}
 
 
-MAX_STEPS = 64      # context L compiles a matmul of inner dimension L; the matrix unit's is at most 64
+# context L compiles a matmul of inner dimension L, at most the book's matrix unit's K
+MAX_STEPS = MAX_CONTEXT
 
 
 def build_parser():

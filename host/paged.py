@@ -15,18 +15,24 @@ import math
 from collections.abc import Mapping, Sequence
 
 from compiler import compile_graph, ext_image, readback
-from hdl.isa import MM_MAX_K
+from hdl.config import BOOK, ChipConfig
 from host.calibrate import calibrate
 from host.pagetable import MAX_POOL_ROWS, OutOfPages, PageTable
 from host.tiny_lm import D, HID, V, build_graph
 from host.window import (check_window, context_size, first_step_over, gather_bounds, pages_during_step,
                          pages_needed, trim_point)
 
-__all__ = ["PagedChip", "HostError", "MAX_CONTEXT", "check_decode"]
+__all__ = ["PagedChip", "HostError", "MAX_CONTEXT", "max_context", "check_decode"]
 
 # The attention's p.V multiplies by a context-long vector, i.e. a matmul whose inner dimension K is the
-# context, and the matrix unit's K is at most MM_MAX_K: the chip's one limit on the context.
-MAX_CONTEXT = MM_MAX_K
+# context, and the matrix unit's K is at most cfg.mm_max_k: a chip's one limit on the context.
+# MAX_CONTEXT is the book's chip's; `max_context(cfg)` any chip's.
+def max_context(cfg: ChipConfig = BOOK) -> int:
+    """The largest context the chip `cfg` can attend: its matrix unit's largest K."""
+    return cfg.mm_max_k
+
+
+MAX_CONTEXT = max_context(BOOK)
 
 # The weights a model must provide, with their shapes (host.tiny_lm.make_model).
 _SHAPES = {"E": (V, D), "Wq": (D, D), "Wk": (D, D), "Wv": (D, D), "Wo": (D, D), "W1": (D, HID),
@@ -75,7 +81,7 @@ def _window_text(W) -> str:
     return "none" if W is None else str(W)
 
 
-def check_decode(steps, W, page, n_pages, paged: bool = True) -> None:
+def check_decode(steps, W, page, n_pages, paged: bool = True, config: ChipConfig = BOOK) -> None:
     """Refuse, before anything runs, an n-step decode that cannot complete; the message says why.
 
     Parameters
@@ -88,11 +94,13 @@ def check_decode(steps, W, page, n_pages, paged: bool = True) -> None:
         Rows per page and pages in the pool, each >= 1 with ``page * n_pages <= MAX_POOL_ROWS`` (2^20).
     paged : bool
         False: the rows live in a plain list, so the pool is not needed (only its sizes are checked).
+    config : hdl.config.ChipConfig
+        The chip that will run the decode (its matrix unit's K bounds the context).
 
     Raises
     ------
     HostError
-        A bad value, or a context ``min(steps, W)`` above ``MAX_CONTEXT`` (64, the matrix unit's K).
+        A bad value, or a context ``min(steps, W)`` above ``max_context(config)`` (the matrix unit's K).
     OutOfPages
         The pool is too small: the message names the first step that would find it full, the pages that
         step needs and the pages the pool has.
@@ -107,11 +115,14 @@ def check_decode(steps, W, page, n_pages, paged: bool = True) -> None:
     if page * n_pages > MAX_POOL_ROWS:
         raise HostError(f"a pool of {n_pages} pages of {page} rows holds {page * n_pages} rows, more than "
                         f"the {MAX_POOL_ROWS} allowed")
+    if not isinstance(config, ChipConfig):
+        raise HostError(f"config must be an hdl.config.ChipConfig, got {type(config).__name__}")
     ctx = context_size(steps, W)
-    if ctx > MAX_CONTEXT:
-        raise HostError(f"a context of {ctx} tokens exceeds the chip's limit of {MAX_CONTEXT} (the attention's "
-                        f"p.V has K = context and a matmul's K is at most {MAX_CONTEXT}): decode fewer steps "
-                        f"or use a window of at most {MAX_CONTEXT}")
+    limit = max_context(config)
+    if ctx > limit:
+        raise HostError(f"a context of {ctx} tokens exceeds the chip's limit of {limit} (the attention's "
+                        f"p.V has K = context and a matmul's K is at most {limit}): decode fewer steps "
+                        f"or use a window of at most {limit}")
     if paged:
         L = first_step_over(steps, W, page, n_pages)
         if L is not None:
@@ -132,7 +143,7 @@ class PagedChip:
     W : int or None
         Window in tokens: a step attends the new token and at most W-1 cached rows. ``None``: no window.
         ``W = 1`` is accepted (each step attends its own token only; see ``host.window``).
-        The largest context, ``min(steps, W)``, may be at most ``MAX_CONTEXT`` (64).
+        The largest context, ``min(steps, W)``, may be at most ``max_context(config)`` (64 on the book's chip).
     page : int
         Cache rows per page (>= 1).
     n_pages : int
@@ -150,6 +161,9 @@ class PagedChip:
         (e.g. ``sim.reference.ReferenceMachine()``). The host never imports a simulator itself.
     lat : int
         External-memory read latency handed to the backend.
+    config : hdl.config.ChipConfig
+        The chip the programs are compiled for (the backend must simulate the same chip). The tokens and
+        integer logits do not depend on it; the cycle counts do.
 
     Attributes
     ----------
@@ -169,10 +183,12 @@ class PagedChip:
     """
 
     def __init__(self, m, steps, W=None, page=4, n_pages=64, starts=range(V), paged=True, backend=None,
-                 lat=8):
+                 lat=8, config: ChipConfig = BOOK):
         if not isinstance(paged, bool):
             raise HostError(f"paged must be True or False, got {paged!r}")
-        check_decode(steps, W, page, n_pages, paged=False)   # the pool is checked per decode, in generate
+        # the pool is checked per decode, in generate
+        check_decode(steps, W, page, n_pages, paged=False, config=config)
+        self.config = config
         self.steps, self.page, self.n_pages = steps, page, n_pages
         self.lat = _positive("lat", lat)
         _check_model(m)
@@ -195,7 +211,8 @@ class PagedChip:
     def program(self, n: int):
         """The compiled program for context n (compiled on first use, then cached)."""
         if n not in self.progs:
-            self.progs[n] = compile_graph(build_graph(self.m, n), self.calib[n], ranges=self.ranges)
+            self.progs[n] = compile_graph(build_graph(self.m, n), self.calib[n], ranges=self.ranges,
+                                          config=self.config)
         return self.progs[n]
 
     def generate(self, start, n, force=None, progress=None):
@@ -234,7 +251,7 @@ class PagedChip:
                 pass                    # no signature to inspect (some builtins): it is called as it is
         if not isinstance(self.paged, bool):
             raise HostError(f"paged must be True or False, got {self.paged!r}")
-        check_decode(n, self.W, self.page, self.n_pages, paged=self.paged)
+        check_decode(n, self.W, self.page, self.n_pages, paged=self.paged, config=self.config)
         if self.backend is None:
             raise HostError("no backend: pass backend=... (an object with run(code, image, lat), "
                             "e.g. sim.reference.ReferenceMachine())")
