@@ -2,13 +2,14 @@
 
 Each non-HALT instruction costs 1 FETCH + 1 ISSUE + B WAIT cycles, B being its unit's busy time (the
 unit's `done` pulse is seen in the last WAIT cycle); HALT costs 2. `cur` decides which unit drives the
-scratchpad ports (spec 2.3); the five counters are cleared by `start` and wrap at 2^32.
+scratchpad ports (spec 2.3); the five counters are cleared by `start` and wrap at 2^counter_bits (2^32).
 """
 
 from amaranth.hdl import Module, Signal
 from amaranth.lib import enum, wiring
 from amaranth.lib.wiring import In, Out
 
+from .config import BOOK
 from .dma import DMA
 from .isa import HW_OPERANDS, Op
 from .properties import History
@@ -28,8 +29,8 @@ CUR_NONE = 15       # `cur` when no unit owns the scratchpad
 # The chip's properties (hdl/properties.py), by name, with the statement sim.formal prints.
 CHIP_PROPERTIES = {
     "owner_writes": "only the unit named by cur writes the scratchpad, and no unit raises we without it",
-    "dma_in_range": "LD writes only inside [dst, dst+len) (mod 4096) of the LD in the instruction register",
-    "counters": "outside IDLE, total = 2*n_inst + mm + dma + vec + (0 FETCH, 1 ISSUE, 2 WAIT/HALT) mod 2^32",
+    "dma_in_range": "LD writes only inside [dst, dst+len) (mod the scratchpad depth) of the LD in the instruction register",
+    "counters": "outside IDLE, total = 2*n_inst + mm + dma + vec + (0 FETCH, 1 ISSUE, 2 WAIT/HALT) mod 2^counter_bits",
     "state_legal": "the sequencer state is one of IDLE, FETCH, ISSUE, WAIT, HALT",
     "halt_stays": "once in HALT, the sequencer stays there with halted high until a reset",
 }
@@ -46,6 +47,12 @@ class SeqState(enum.Enum, shape=3):
 class GA2(wiring.Component):
     """The GA-2 accelerator (ports of hardware spec 2.1 minus clk/rst; ``rst`` is the sync domain's).
 
+    Parameters
+    ----------
+    config : hdl.config.ChipConfig
+        The chip to build (keyword only; the book's chip by default): scratchpad depth, array size,
+        operand memory depth, counter width. Every block inside is built from the same configuration.
+
     Ports
     -----
     start : In(1)
@@ -58,59 +65,56 @@ class GA2(wiring.Component):
         Program ROM word at ``imem_addr``; must be combinational (sampled at the end of FETCH).
     req_valid, req_addr : Out(1), Out(16)
         External read request, straight from the LD unit (the DMA).
-    resp_valid, resp_data : In(1), In(32)
+    resp_valid, resp_data : In(1), In(config.word_bits)
         External read response, LAT cycles after the request.
-    wr_valid, wr_addr, wr_data : Out(1), Out(16), Out(32)
+    wr_valid, wr_addr, wr_data : Out(1), Out(16), Out(config.word_bits)
         External write, straight from the ST unit.
-    cyc_total, cyc_mm, cyc_dma, cyc_vec, n_inst : Out(32)
+    cyc_total, cyc_mm, cyc_dma, cyc_vec, n_inst : Out(config.counter_bits)
         Counters: all cycles from the first FETCH to the HALT's ISSUE, WAIT cycles of MM, of LD/ST,
         of every other opcode (illegal ones included), and completed non-HALT instructions.
 
     Attributes
     ----------
     scratchpad : Scratchpad
-        The 4096 x 32 scratchpad (its ``.memory`` can be read and written by a simulator).
+        The ``config.spad_depth`` x ``config.word_bits`` scratchpad (its ``.memory`` can be read and written by a simulator).
     state, pc, cur : Signal
         Sequencer registers, exposed so that a simulator can say where a program hangs.
     """
 
-    start:      In(1)
-    halted:     Out(1)
-    imem_addr:  Out(16)
-    imem_data:  In(128)
-    req_valid:  Out(1)
-    req_addr:   Out(16)
-    resp_valid: In(1)
-    resp_data:  In(32)
-    wr_valid:   Out(1)
-    wr_addr:    Out(16)
-    wr_data:    Out(32)
-    cyc_total:  Out(32)
-    cyc_mm:     Out(32)
-    cyc_dma:    Out(32)
-    cyc_vec:    Out(32)
-    n_inst:     Out(32)
-
-    def __init__(self):
-        self.scratchpad = Scratchpad(depth=4096, width=32)
+    def __init__(self, *, config=BOOK):
+        self.config = cfg = config
+        self.scratchpad = Scratchpad(config=cfg)
         self.state = Signal(SeqState)
         self.pc = Signal(16)
         self.cur = Signal(4, init=CUR_NONE)
-        super().__init__()
+        xw, w, c = cfg.ext_addr_bits, cfg.word_bits, cfg.counter_bits
+        super().__init__({
+            "start":      In(1),
+            "halted":     Out(1),
+            "imem_addr":  Out(16),
+            "imem_data":  In(128),
+            "req_valid":  Out(1),
+            "req_addr":   Out(xw),
+            "resp_valid": In(1),
+            "resp_data":  In(w),
+            "wr_valid":   Out(1),
+            "wr_addr":    Out(xw),
+            "wr_data":    Out(w),
+            "cyc_total":  Out(c),
+            "cyc_mm":     Out(c),
+            "cyc_dma":    Out(c),
+            "cyc_vec":    Out(c),
+            "n_inst":     Out(c),
+        })
 
     def elaborate(self, platform):
         m = Module()
         m.submodules.scratchpad = sp = self.scratchpad
-        m.submodules.ld = ld = DMA(aw=12, xw=16)
-        units = {
-            Op.ST: StoreUnit(),
-            Op.MM: MatrixUnit(),
-            Op.RQ: RequantUnit(),
-            Op.SM: SoftmaxUnit(),
-            Op.VADD: VaddUnit(),
-            Op.AMAX: ArgmaxUnit(),
-            Op.UNPACK: UnpackUnit(),
-        }
+        cfg = self.config
+        m.submodules.ld = ld = DMA(config=cfg)
+        units = {op: cls(config=cfg) for op, cls in (
+            (Op.ST, StoreUnit), (Op.MM, MatrixUnit), (Op.RQ, RequantUnit), (Op.SM, SoftmaxUnit),
+            (Op.VADD, VaddUnit), (Op.AMAX, ArgmaxUnit), (Op.UNPACK, UnpackUnit))}
         for op, unit in units.items():
             m.submodules[op.name.lower()] = unit
 
@@ -226,18 +230,19 @@ class GA2(wiring.Component):
                     t["owner_writes"])
         h.check("owner_writes", owned | ~sp.we, t["owner_writes"])
 
-        # The LD engine writes inside [dst, dst+len) of the instruction it executes (modulo 4096, as
-        # its addresses wrap); dst and len are read from the instruction register, not the engine.
+        # The LD engine writes inside [dst, dst+len) of the instruction it executes (modulo the
+        # scratchpad's depth, as its addresses wrap); dst and len are read from the instruction
+        # register, not the engine.
         hi, lo = HW_OPERANDS[Op.LD]["dst"]
         dst = ins[lo:hi + 1]
         hi, lo = HW_OPERANDS[Op.LD]["len"]
         length = ins[lo:hi + 1]
-        h.check("dma_in_range", ~(sp.we & (cur == Op.LD)) | ((sp.waddr - dst)[:12] < length),
+        h.check("dma_in_range", ~(sp.we & (cur == Op.LD)) | ((sp.waddr - dst)[:self.config.spad_addr_bits] < length),
                 t["dma_in_range"])
 
         # Counters: every FETCH, ISSUE and WAIT cycle adds 1 to cyc_total, every WAIT cycle 1 to exactly
         # one of mm/dma/vec, every completed instruction 1 to n_inst (its FETCH and ISSUE are 2 cycles).
-        # So, modulo 2^32, total = 2*n_inst + mm + dma + vec + k with k = 0 in FETCH, 1 in ISSUE and
+        # So, modulo 2^counter_bits, total = 2*n_inst + mm + dma + vec + k with k = 0 in FETCH, 1 in ISSUE and
         # 2 in WAIT (the current instruction's FETCH and ISSUE) and in HALT (the HALT's two cycles).
         # In IDLE nothing is claimed: the spec's rst does not clear the counters.
         k = Signal(2)
@@ -246,7 +251,7 @@ class GA2(wiring.Component):
                 m.d.comb += k.eq(1)
             with m.Case(SeqState.WAIT, SeqState.HALT):
                 m.d.comb += k.eq(2)
-        relation = (self.cyc_total == ((self.n_inst << 1) + self.cyc_mm + self.cyc_dma + self.cyc_vec + k)[:32])
+        relation = (self.cyc_total == ((self.n_inst << 1) + self.cyc_mm + self.cyc_dma + self.cyc_vec + k)[:self.config.counter_bits])
         h.check("counters", (st == SeqState.IDLE) | relation, t["counters"])
         h.check("state_legal", st.as_value() <= SeqState.HALT.value, t["state_legal"])
 

@@ -9,6 +9,7 @@ from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
 from hdl._checks import check_int
+from hdl.config import BOOK
 from hdl.properties import unit_protocol
 
 __all__ = ["DMA"]
@@ -19,10 +20,12 @@ class DMA(wiring.Component):
 
     Parameters
     ----------
-    aw : int
-        Scratchpad address and length width (12 on the chip), at least 1.
-    xw : int
-        External address width (16 on the chip), at least 1.
+    aw : int, optional
+        Scratchpad address and length width, at least 1 (default ``config.spad_addr_bits``).
+    xw : int, optional
+        External address width, at least 1 (default ``config.ext_addr_bits``).
+    config : hdl.config.ChipConfig
+        The chip this engine belongs to (keyword only; the book's chip by default).
 
     Ports
     -----
@@ -43,12 +46,12 @@ class DMA(wiring.Component):
         src + number of requests already issued, wrapping at xw bits.
     resp_valid : In(1)
         Response word present (LAT cycles after its request).
-    resp_data : In(32)
+    resp_data : In(config.word_bits)
     we : Out(1)
         Scratchpad write enable, equal to resp_valid.
     wa : Out(aw)
         dst + number of responses already received, wrapping at aw bits.
-    wd : Out(32)
+    wd : Out(config.word_bits)
         resp_data passed through.
 
     Raises
@@ -57,7 +60,9 @@ class DMA(wiring.Component):
         If `aw` or `xw` is not an integer of at least 1.
     """
 
-    def __init__(self, aw=12, xw=16):
+    def __init__(self, aw=None, xw=None, *, config=BOOK):
+        aw = config.spad_addr_bits if aw is None else aw
+        xw = config.ext_addr_bits if xw is None else xw
         check_int(self, "aw", aw, 1)
         check_int(self, "xw", xw, 1)
         self._aw, self._xw = aw, xw
@@ -71,10 +76,10 @@ class DMA(wiring.Component):
             "req_valid":  Out(1),
             "req_addr":   Out(xw),
             "resp_valid": In(1),
-            "resp_data":  In(32),
+            "resp_data":  In(config.word_bits),
             "we":         Out(1),
             "wa":         Out(aw),
-            "wd":         Out(32),
+            "wd":         Out(config.word_bits),
         })
 
     @property

@@ -9,6 +9,8 @@ from amaranth.lib import wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
+from hdl.config import BOOK
+
 __all__ = ["ExtMemory", "POISON", "SHIFT_MAX_LAT"]
 
 POISON = 0xDEADBEEF     # what a read past the end returns
@@ -25,10 +27,11 @@ class ExtMemory(wiring.Component):
 
     Parameters
     ----------
-    depth : int
-        Number of words (EXT); addresses at or above it read 0xDEADBEEF and ignore writes.
-    lat : int
-        Read latency in cycles, at least 1.
+    depth : int, optional
+        Number of words (EXT); addresses at or above it read 0xDEADBEEF and ignore writes. Default
+        ``config.ext_words``.
+    lat : int, optional
+        Read latency in cycles, at least 1; default ``config.lat``.
     backdoor : bool
         Build the backdoor ports; without them ``bd_we``/``bd_wdata`` are ignored and ``bd_rdata``
         reads 0 (a simulator then reads and writes ``memory`` directly).
@@ -36,6 +39,8 @@ class ExtMemory(wiring.Component):
         How read stages 1 .. LAT-1 are built: one shift register, or a circular buffer of LAT-1 entries
         in a Memory; both answer identically, cycle for cycle. ``None`` (the default) picks the shift
         register up to LAT = `SHIFT_MAX_LAT` and the buffer above it.
+    config : hdl.config.ChipConfig
+        The chip whose testbench memory this is (keyword only; the book's chip by default).
 
     Ports
     -----
@@ -68,7 +73,9 @@ class ExtMemory(wiring.Component):
     bd_wdata:   In(32)
     bd_rdata:   Out(32)
 
-    def __init__(self, depth=8192, lat=8, backdoor=True, delay=None):
+    def __init__(self, depth=None, lat=None, backdoor=True, delay=None, *, config=BOOK):
+        depth = config.ext_words if depth is None else depth
+        lat = config.lat if lat is None else lat
         if not isinstance(depth, int) or not 1 <= depth <= 1 << 16:
             raise ValueError(f"ExtMemory depth must be an integer in 1..65536, not {depth!r}")
         if not isinstance(lat, int) or lat < 1:

@@ -11,6 +11,7 @@ from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import Out
 
 from .chip import GA2
+from .config import BOOK
 from .extmem import ExtMemory
 
 __all__ = ["DecodeStepTop", "LED_HALTED", "LED_TOKEN_BITS"]
@@ -35,20 +36,22 @@ class DecodeStepTop(wiring.Component):
     Parameters
     ----------
     program : list of int
-        128-bit instruction words, HALT last (at most 256); held in a ROM read combinationally, as
-        the chip's ``imem_data`` requires, of the next power-of-two depth.
+        128-bit instruction words, HALT last (at most ``config.rom_words``); held in a ROM read
+        combinationally, as the chip's ``imem_data`` requires, of the next power-of-two depth.
     image : list of int
         The external memory's initial contents (32-bit words); its length is the memory size EXT.
     tok_addr : int
         External address of the word shown on the LEDs after HALT (the program's ``tok`` output).
-    lat : int
-        External read latency LAT of the memory model.
+    lat : int, optional
+        External read latency LAT of the memory model; default ``config.lat``.
+    config : hdl.config.ChipConfig
+        The chip to build (keyword only; the book's chip by default).
 
     Ports
     -----
     leds : Out(8)
         ``leds[0:7]``: the token (0 until it has been read back), ``leds[7]``: halted.
-    token : Out(32)
+    token : Out(config.word_bits)
         The word read at `tok_addr` after HALT.
     token_valid : Out(1)
         High from the cycle `token` holds that word.
@@ -63,28 +66,30 @@ class DecodeStepTop(wiring.Component):
     rom : amaranth.lib.memory.Memory
     """
 
-    leds:        Out(8)
-    token:       Out(32)
-    token_valid: Out(1)
-    halted:      Out(1)
-
-    def __init__(self, program, image, tok_addr, lat=8):
+    def __init__(self, program, image, tok_addr, lat=None, *, config=BOOK):
+        lat = config.lat if lat is None else lat
         try:
-            program = _check_words("program", program, 128, 256)
-            image = _check_words("external image", image, 32, 1 << 16)
+            program = _check_words("program", program, 128, config.rom_words)
+            image = _check_words("external image", image, config.word_bits, 1 << config.ext_addr_bits)
             if isinstance(tok_addr, bool) or not isinstance(tok_addr, int) or not 0 <= tok_addr < len(image):
                 raise ValueError(f"tok_addr = {tok_addr!r} is not an address of the {len(image)}-word image")
         except ValueError:
             self._MustUse__silence = True      # a rejected top is not an unused one: no warning at exit
             raise
         self.tok_addr = tok_addr
-        self.chip = GA2()
-        self.extmem = ExtMemory(len(image), lat, backdoor=False)
+        self.config = config
+        self.chip = GA2(config=config)
+        self.extmem = ExtMemory(len(image), lat, backdoor=False, config=config)
         self.extmem.memory.init = image
         depth = max(2, 1 << (len(program) - 1).bit_length())
         self.rom = Memory(shape=128, depth=depth, init=program)
         self._rom_bits = (depth - 1).bit_length()
-        super().__init__()
+        super().__init__({
+            "leds":        Out(8),
+            "token":       Out(config.word_bits),
+            "token_valid": Out(1),
+            "halted":      Out(1),
+        })
 
     def elaborate(self, platform):
         m = Module()
@@ -109,7 +114,9 @@ class DecodeStepTop(wiring.Component):
         m.d.comb += [
             ext.req_valid.eq(chip.req_valid | ask),
             ext.req_addr.eq(Mux(ask, self.tok_addr, chip.req_addr)),
-            chip.resp_valid.eq(ext.resp_valid),
+            # The top's own answer is not the chip's: an LD engine seeing a response while idle would
+            # raise its write enable without owning the scratchpad (the chip's owner_writes Assert).
+            chip.resp_valid.eq(ext.resp_valid & ~asked),
             chip.resp_data.eq(ext.resp_data),
             ext.wr_valid.eq(chip.wr_valid),
             ext.wr_addr.eq(chip.wr_addr),

@@ -11,49 +11,63 @@ from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
 from .chip import GA2
+from .config import BOOK
 from .extmem import ExtMemory
-from .isa import SPAD_WORDS
 
-__all__ = ["ChipHarness", "HARNESS_SIGNATURE"]
+__all__ = ["ChipHarness", "HARNESS_SIGNATURE", "harness_signature"]
 
-# The ports every simulator drives (documented in ChipHarness). Shared so that a stand-in with the same
-# ports (the Verilator tests' toy machine) cannot drift from the real harness.
-HARNESS_SIGNATURE = wiring.Signature({
-    "start":     In(1),
-    "halted":    Out(1),
-    "cyc_total": Out(32),
-    "cyc_mm":    Out(32),
-    "cyc_dma":   Out(32),
-    "cyc_vec":   Out(32),
-    "n_inst":    Out(32),
-    "rom_we":    In(1),
-    "rom_addr":  In(8),
-    "rom_wdata": In(128),
-    "ext_we":    In(1),
-    "ext_addr":  In(16),
-    "ext_wdata": In(32),
-    "ext_rdata": Out(32),
-    "spad_addr": In(range(SPAD_WORDS)),
-    "spad_rdata": Out(32),
-})
+
+def harness_signature(config=BOOK):
+    """The ports every simulator drives (documented in `ChipHarness`) for the chip `config`.
+
+    Shared so that a stand-in with the same ports (the Verilator tests' toy machine) cannot drift from
+    the real harness.
+    """
+    c, w = config.counter_bits, config.word_bits
+    return wiring.Signature({
+        "start":     In(1),
+        "halted":    Out(1),
+        "cyc_total": Out(c),
+        "cyc_mm":    Out(c),
+        "cyc_dma":   Out(c),
+        "cyc_vec":   Out(c),
+        "n_inst":    Out(c),
+        "rom_we":    In(1),
+        "rom_addr":  In(8),
+        "rom_wdata": In(128),
+        "ext_we":    In(1),
+        "ext_addr":  In(config.ext_addr_bits),
+        "ext_wdata": In(w),
+        "ext_rdata": Out(w),
+        "spad_addr": In(range(config.spad_depth)),
+        "spad_rdata": Out(w),
+    })
+
+
+# The book's chip's harness ports.
+HARNESS_SIGNATURE = harness_signature(BOOK)
 
 
 class ChipHarness(wiring.Component):
-    """GA-2 + 256 x 128 program ROM (combinational read) + `ExtMemory`.
+    """GA-2 + program ROM of 128-bit words (combinational read) + `ExtMemory`.
 
     Parameters
     ----------
-    ext_words : int
-        External memory size EXT (2048 for the book's suites, 8192 for the decode).
-    lat : int
-        External read latency LAT.
-    rom_words : int
-        Program ROM depth; the chip's ``imem_addr`` is taken modulo it (the book's ROM: 256).
+    ext_words : int, optional
+        External memory size EXT (2048 for the book's suites, 8192 for the decode); default
+        ``config.ext_words``.
+    lat : int, optional
+        External read latency LAT; default ``config.lat``.
+    rom_words : int, optional
+        Program ROM depth; the chip's ``imem_addr`` is taken modulo it; default ``config.rom_words``
+        (the book's ROM: 256).
     backdoor : bool
         Build the backdoor ports (needed by simulators that cannot poke memories). Without them the
         ``rom_*``/``ext_*``/``spad_*`` ports are ignored (``ext_rdata``, ``spad_rdata`` read 0) and the
         memories must be loaded and read directly;
         Amaranth's simulator runs faster that way (a write port is evaluated on every cycle).
+    config : hdl.config.ChipConfig
+        The chip to build (keyword only; the book's chip by default).
 
     Ports
     -----
@@ -61,7 +75,7 @@ class ChipHarness(wiring.Component):
         Start pulse (sampled by the chip only in IDLE).
     halted : Out(1)
         High once a HALT has been issued.
-    cyc_total, cyc_mm, cyc_dma, cyc_vec, n_inst : Out(32)
+    cyc_total, cyc_mm, cyc_dma, cyc_vec, n_inst : Out(config.counter_bits)
         The chip's counters.
     rom_we, rom_addr, rom_wdata : In(1), In(8), In(128)
         Backdoor ROM write (before ``start``).
@@ -69,7 +83,7 @@ class ChipHarness(wiring.Component):
         Backdoor external-memory write (before ``start``; the chip's own writes take priority).
     ext_rdata : Out(32)
         Combinational read of external memory at ``ext_addr``.
-    spad_addr : In(12)
+    spad_addr : In(config.spad_addr_bits)
         Backdoor scratchpad read address (after the run).
     spad_rdata : Out(32)
         Combinational read of the chip's scratchpad at ``spad_addr``.
@@ -83,18 +97,23 @@ class ChipHarness(wiring.Component):
     extmem : ExtMemory
     """
 
-    def __init__(self, ext_words=8192, lat=8, rom_words=256, backdoor=True):
+    def __init__(self, ext_words=None, lat=None, rom_words=None, backdoor=True, *, config=BOOK):
+        ext_words = config.ext_words if ext_words is None else ext_words
+        lat = config.lat if lat is None else lat
+        rom_words = config.rom_words if rom_words is None else rom_words
         if not isinstance(rom_words, int) or rom_words < 1 or rom_words & (rom_words - 1):
             raise ValueError(f"rom_words must be a power of two, not {rom_words!r}")
-        if rom_words > 256:
-            raise ValueError(f"rom_words = {rom_words}: the backdoor ROM address has 8 bits (at most 256)")
-        self.chip = GA2()
+        if rom_words > BOOK.rom_words:
+            raise ValueError(f"rom_words = {rom_words}: the backdoor ROM address has 8 bits "
+                             f"(at most {BOOK.rom_words})")
+        self.config = config
+        self.chip = GA2(config=config)
         self.backdoor = bool(backdoor)
-        self.extmem = ExtMemory(ext_words, lat, backdoor=self.backdoor)
+        self.extmem = ExtMemory(ext_words, lat, backdoor=self.backdoor, config=config)
         self.ext = self.extmem.memory
         self.rom = Memory(shape=128, depth=rom_words, init=[])
         self._rom_bits = max(1, (rom_words - 1).bit_length())
-        super().__init__(HARNESS_SIGNATURE)
+        super().__init__(harness_signature(config))
 
     def elaborate(self, platform):
         m = Module()

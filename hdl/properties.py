@@ -43,7 +43,8 @@ class History:
         self.scope = scope
         started = Signal(name=f"{scope}_prop_started", reset_less=True)
         was_rst = Signal(name=f"{scope}_prop_was_rst", reset_less=True)
-        m.d.sync += [started.eq(1), was_rst.eq(ResetSignal())]
+        # A board's clock domain may have no reset (the ULX3S top's): then its reset reads 0.
+        m.d.sync += [started.eq(1), was_rst.eq(ResetSignal(allow_reset_less=True))]
         self.valid = Signal(name=f"{scope}_prop_valid")
         m.d.comb += self.valid.eq(started & ~was_rst)
 

@@ -1,4 +1,4 @@
-"""The MM unit's operand memory: 64 x int8, written at the clock edge, read combinationally (spec 5.2).
+"""The MM unit's operand memory: row_depth x int8 (64 on the book's chip), written at the clock edge, read combinationally (spec 5.2).
 
 `rdata` shows mem[raddr] in the same cycle; a write in cycle c is visible from cycle c+1 on, so a read of
 the address being written returns the old value during the write cycle. No reset. The MM unit holds its
@@ -10,6 +10,7 @@ from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
 from hdl._checks import check_pow2
+from hdl.config import BOOK
 
 __all__ = ["RowMem"]
 
@@ -20,8 +21,10 @@ class RowMem(wiring.Component):
 
     Parameters
     ----------
-    depth : int
-        Number of entries, a power of two (64 on the chip). Addresses are log2(depth) bits.
+    depth : int, optional
+        Number of entries, a power of two (default ``config.row_depth``). Addresses are log2(depth) bits.
+    config : hdl.config.ChipConfig
+        The chip whose MM unit this memory belongs to (keyword only; the book's chip by default).
 
     Ports
     -----
@@ -44,7 +47,8 @@ class RowMem(wiring.Component):
         If `depth` is not an integer power of two of at least 2.
     """
 
-    def __init__(self, depth=64):
+    def __init__(self, depth=None, *, config=BOOK):
+        depth = config.row_depth if depth is None else depth
         aw = check_pow2(self, "depth", depth)
         self._depth = depth
         super().__init__({

@@ -1,4 +1,4 @@
-"""The scratchpad: 4096 x 32 bits, one write port, one synchronous NON-transparent read port (spec 5.1, 2.4).
+"""The scratchpad: spad_depth x 32 bits (4096 on the book's chip), one write port, one synchronous NON-transparent read port (spec 5.1, 2.4).
 
 The address presented in cycle c is sampled at the end of c and its data is visible in c+1; a write to
 the same address at that edge is not seen (the old word comes out). The read register has no enable.
@@ -9,6 +9,7 @@ from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
 from hdl._checks import check_int, check_pow2
+from hdl.config import BOOK
 
 __all__ = ["Scratchpad"]
 
@@ -18,10 +19,12 @@ class Scratchpad(wiring.Component):
 
     Parameters
     ----------
-    depth : int
-        Number of words, a power of two (4096 on the chip). Addresses are log2(depth) bits.
-    width : int
-        Bits per word (32 on the chip), at least 1.
+    depth : int, optional
+        Number of words, a power of two (default ``config.spad_depth``). Addresses are log2(depth) bits.
+    width : int, optional
+        Bits per word, at least 1 (default ``config.word_bits``).
+    config : hdl.config.ChipConfig
+        The chip whose scratchpad this is (keyword only; the book's chip by default).
 
     Ports
     -----
@@ -45,7 +48,9 @@ class Scratchpad(wiring.Component):
         If `depth` is not an integer power of two of at least 2 or `width` not a positive integer.
     """
 
-    def __init__(self, depth=4096, width=32):
+    def __init__(self, depth=None, width=None, *, config=BOOK):
+        depth = config.spad_depth if depth is None else depth
+        width = config.word_bits if width is None else width
         aw = check_pow2(self, "depth", depth)
         check_int(self, "width", width, 1)
         self._depth, self._width = depth, width

@@ -1,4 +1,4 @@
-"""The N x N output-stationary systolic array of the MM unit (hardware spec 5.3).
+"""The N x N output-stationary systolic array of the MM unit (hardware spec 5.3; N = 4 on the book's chip).
 
 PE(i,j) takes its A operand from the left (row edge i when j = 0) and its B operand from above (column
 edge j when i = 0), both used directly without an input register. At each edge it passes them on and adds
@@ -11,6 +11,7 @@ from amaranth.lib import data, wiring
 from amaranth.lib.wiring import In, Out
 
 from hdl._checks import check_int
+from hdl.config import BOOK
 
 __all__ = ["SystolicArray"]
 
@@ -20,8 +21,10 @@ class SystolicArray(wiring.Component):
 
     Parameters
     ----------
-    n : int
-        Rows and columns (4 on the chip), at least 1.
+    n : int, optional
+        Rows and columns, at least 1 (default ``config.array``).
+    config : hdl.config.ChipConfig
+        The chip whose array this is (keyword only; the book's chip by default).
 
     Ports
     -----
@@ -40,7 +43,8 @@ class SystolicArray(wiring.Component):
         If `n` is not an integer of at least 1.
     """
 
-    def __init__(self, n=4):
+    def __init__(self, n=None, *, config=BOOK):
+        n = config.array if n is None else n
         check_int(self, "n", n, 1)
         self._n = n
         super().__init__({

@@ -8,6 +8,7 @@ from amaranth.hdl import Cat, Signal
 from amaranth.lib import data, wiring
 from amaranth.lib.wiring import In, Out
 
+from .config import BOOK
 from .isa import HW_OPERANDS, Op
 from .properties import unit_protocol
 
@@ -33,8 +34,14 @@ def operand_bits(ins, op):
 class Unit(wiring.Component):
     """Base class of the units: the ports the chip connects by name, and the start/done skeleton.
 
-    A subclass sets `OP` to its opcode and adds its write ports (see `SpadUnit`). Its operands are
+    A subclass sets `OP` to its opcode and adds its ports in `ports` (see `SpadUnit`). Its operands are
     latched into one register of ``operand_layout(OP)``: one signal for a simulator to update.
+
+    Parameters
+    ----------
+    config : hdl.config.ChipConfig
+        The chip this unit belongs to (keyword only; the book's chip by default): it sets the width of
+        the scratchpad addresses and of the counters that step through them.
 
     Ports
     -----
@@ -46,20 +53,33 @@ class Unit(wiring.Component):
         High from E0 until the unit's last working edge.
     done : Out(1)
         Registered one-cycle pulse in the unit's last WAIT cycle.
-    ra : Out(12)
+    ra : Out(config.spad_addr_bits)
         Scratchpad read address.
-    sp_rd : In(32)
+    sp_rd : In(config.word_bits)
         The scratchpad's registered read data (the word at the previous cycle's ``ra``).
     """
 
     OP: Op = None
 
-    start: In(1)
-    ins:   In(128)
-    busy:  Out(1)
-    done:  Out(1)
-    ra:    Out(12)
-    sp_rd: In(32)
+    def __init__(self, *, config=BOOK):
+        self.config = config
+        # The signature depends on the configuration, so it is built here rather than annotated.
+        super().__init__(self.ports(config))
+
+    def ports(self, cfg):
+        """The members of this unit's signature for configuration `cfg` (a subclass adds its own)."""
+        return {
+            "start": In(1),
+            "ins":   In(128),
+            "busy":  Out(1),
+            "done":  Out(1),
+            "ra":    Out(cfg.spad_addr_bits),
+            "sp_rd": In(cfg.word_bits),
+        }
+
+    def addr_signal(self, name):
+        """A counter or pointer as wide as a scratchpad address (it wraps with the addresses)."""
+        return Signal(self.config.spad_addr_bits, name=name)
 
     def operand_register(self):
         """A new register for this unit's operands, laid out as ``operand_layout(self.OP)``."""
@@ -96,8 +116,8 @@ class Unit(wiring.Component):
         At E0 the operands are latched into `opr` and i = j = v = 0; then `stream` runs until element
         n-1 is in ``sp_rd``, whose cycle finishes the unit: ``done`` is high in W(n+2).
         """
-        i = Signal(12, name="i")
-        j = Signal(12, name="j")
+        i = self.addr_signal("i")
+        j = self.addr_signal("j")
         v = Signal(name="v")
         self.done_pulse(m)
         with m.If(self.start & ~self.busy):
@@ -124,10 +144,10 @@ class SpadUnit(Unit):
 
     Ports
     -----
-    we, wa, wd : Out(1), Out(12), Out(32)
+    we, wa, wd : Out(1), Out(config.spad_addr_bits), Out(config.word_bits)
         Scratchpad write enable, address and data.
     """
 
-    we: Out(1)
-    wa: Out(12)
-    wd: Out(32)
+    def ports(self, cfg):
+        return {**super().ports(cfg),
+                "we": Out(1), "wa": Out(cfg.spad_addr_bits), "wd": Out(cfg.word_bits)}

@@ -25,9 +25,9 @@ class ArgmaxUnit(SpadUnit):
         m = Module()
         opr = self.operand_register()
         src, dst, n = opr.src, opr.dst, opr.len
-        i = Signal(12)
-        j = Signal(12)
-        bidx = Signal(12)
+        i = self.addr_signal("i")
+        j = self.addr_signal("j")
+        bidx = self.addr_signal("bidx")
         best = Signal(signed(32))
         v = Signal()
         fin = Signal()

@@ -1,8 +1,11 @@
-"""MM, the chip's matrix unit (hardware spec 4.7): C[m][n] = sum_k A[m][k] B[k][n] on a 4x4 systolic array.
+"""MM, the chip's matrix unit (hardware spec 4.7): C[m][n] = sum_k A[m][k] B[k][n] on an array x array
+systolic array (4 x 4 on the book's chip; ``config.array``).
 
 Timing: start is sampled at E0; then LA (M*K + 2 cycles) stages A, LB (K*N + 2) stages B, PRE (1) clears
 the array, RUN (K+M+N-2) streams the skewed operands, OUT (M*N) writes C m-major, FIN (1) ends, and the
-done pulse follows, so done is high in W_B with B = M*K + K*N + (K+M+N-2) + M*N + 7.
+done pulse follows, so done is high in W_B with B = M*K + K*N + (K+M+N-2) + M*N + 7
+(``hdl.isa.mm_busy_cycles``). None of it depends on the array's size: RUN streams K+M+N-2 cycles of
+the instruction's M and N, and the rows and columns past them are fed zeros they never use.
 """
 from amaranth.hdl import Cat, Module, Mux, Signal, signed
 from amaranth.lib import data
@@ -13,9 +16,6 @@ from hdl.systolic import SystolicArray
 from hdl.unit import SpadUnit, operand
 
 __all__ = ["MatrixUnit"]
-
-ARRAY_N = 4         # the systolic array is ARRAY_N x ARRAY_N; M and N are 1..ARRAY_N
-ROW_DEPTH = 64      # operand memories hold K <= 64 int8 values
 
 
 class MatrixUnit(SpadUnit):
@@ -32,37 +32,41 @@ class MatrixUnit(SpadUnit):
     def elaborate(self, platform):
         m = Module()
 
-        m.submodules.array = array = SystolicArray(ARRAY_N)
-        # The 4 A and the 4 B operand memories (spec 5.2) as one memory of 8 int8 lanes: lane i at
-        # address k is A memory i at k, lane 4+i is B memory i at k. Each lane has its own write enable,
-        # and read port i serves A memory i and B memory i (both read at (t - i) mod 64), so they are
-        # the same eight memories; a simulator sees one write port per edge instead of eight.
-        m.submodules.opmem = opmem = Memory(shape=data.ArrayLayout(signed(8), 2 * ARRAY_N),
-                                            depth=ROW_DEPTH, init=[])
+        cfg = self.config
+        n_arr = cfg.array           # the array is n_arr x n_arr; M and N are 1..n_arr
+        m.submodules.array = array = SystolicArray(config=cfg)
+        # The n_arr A and the n_arr B operand memories (spec 5.2) as one memory of 2*n_arr int8 lanes:
+        # lane i at address k is A memory i at k, lane n_arr+i is B memory i at k. Each lane has its
+        # own write enable, and read port i serves A memory i and B memory i (both read at
+        # (t - i) mod row_depth), so they are the same memories; a simulator sees one write port per
+        # edge instead of 2*n_arr.
+        m.submodules.opmem = opmem = Memory(shape=data.ArrayLayout(signed(8), 2 * n_arr),
+                                            depth=cfg.row_depth, init=[])
         wr = opmem.write_port(granularity=1)
-        rd = [opmem.read_port(domain="comb") for _ in range(ARRAY_N)]
+        rd = [opmem.read_port(domain="comb") for _ in range(n_arr)]
 
         # Operands, latched at E0.
         opr = self.operand_register()
         dst, b_base, lda, ldb, ldc = opr.dst, opr.B, opr.lda, opr.ldb, opr.ldc
         M, K, N, tb = opr.M, opr.K, opr.N, opr.tb
 
-        # Counters and pointers.
-        mi = Signal(4)
-        ni = Signal(4)
-        ki = Signal(7)
-        t = Signal(8)
-        ptr = Signal(12)
-        rowbase = Signal(12)
-        orow = Signal(12)
-        oaddr = Signal(12)
+        # Counters as wide as the instruction's M, K and N fields; t runs to K+M+N-3; pointers are
+        # scratchpad addresses.
+        mi = Signal(len(M))
+        ni = Signal(len(N))
+        ki = Signal(len(K))
+        t = Signal(range(2 ** len(K) + 2 ** len(M) + 2 ** len(N)))
+        ptr = self.addr_signal("ptr")
+        rowbase = self.addr_signal("rowbase")
+        orow = self.addr_signal("orow")
+        oaddr = self.addr_signal("oaddr")
         # The read issued in one cycle returns in the next: iss says an address is out this cycle,
         # v that sp_rd holds the element (m_d/n_d, k_d) issued in the previous cycle.
         iss = Signal()
         v = Signal()
-        m_d = Signal(4)
-        n_d = Signal(4)
-        k_d = Signal(7)
+        m_d = Signal.like(mi)
+        n_d = Signal.like(ni)
+        k_d = Signal.like(ki)
 
         m.d.comb += self.ra.eq(ptr)
         self.done_pulse(m)
@@ -75,26 +79,28 @@ class MatrixUnit(SpadUnit):
         m.submodules.feed = feed = Module()
         m.submodules.result = result = Module()
 
-        # Operand memories: written while staging, read at (t - i) mod 64 while running.
+        # Operand memories: written while staging, read at (t - i) mod row_depth while running.
         staged = self.sp_rd[:8].as_signed()
-        for i in range(2 * ARRAY_N):
+        for i in range(2 * n_arr):
             stage_data.d.comb += wr.data[i].eq(staged)
         stage.d.comb += wr.addr.eq(k_d)
-        for i in range(ARRAY_N):
+        for i in range(n_arr):
             feed.d.comb += rd[i].addr.eq(t - i)
 
         # Skewed feed: row i gets A[i][t-i] and column i gets B[t-i][i] while they exist, else 0.
         running = Signal()
-        for i in range(ARRAY_N):
+        for i in range(n_arr):
             in_k = (t < K) if i == 0 else (t >= i) & (t - i < K)
             feed.d.comb += [
                 array.a_edge[i].eq(Mux(running & (i < M) & in_k, rd[i].data[i], 0)),
-                array.b_edge[i].eq(Mux(running & (i < N) & in_k, rd[i].data[ARRAY_N + i], 0)),
+                array.b_edge[i].eq(Mux(running & (i < N) & in_k, rd[i].data[n_arr + i], 0)),
             ]
 
+        # PE(m, n)'s accumulator is c[m * n_arr + n]: the low log2(n_arr) bits of each counter.
+        lg = (n_arr - 1).bit_length()
         result.d.comb += [
             self.wa.eq(oaddr),
-            self.wd.eq(array.c[Cat(ni[:2], mi[:2])]),
+            self.wd.eq(array.c[Cat(ni[:lg], mi[:lg])] if lg else array.c[0]),
         ]
 
         with m.FSM(name="mm_state") as fsm:
@@ -170,8 +176,8 @@ class MatrixUnit(SpadUnit):
 
         # Row m of A goes to A memory m, element (k, n) of B to B memory n, both at address k.
         stage.d.comb += wr.en.eq(Cat(
-            Cat(fsm.ongoing("LA") & v & (m_d == i) for i in range(ARRAY_N)),
-            Cat(fsm.ongoing("LB") & v & (n_d == i) for i in range(ARRAY_N)),
+            Cat(fsm.ongoing("LA") & v & (m_d == i) for i in range(n_arr)),
+            Cat(fsm.ongoing("LB") & v & (n_d == i) for i in range(n_arr)),
         ))
         feed.d.comb += running.eq(fsm.ongoing("RUN"))
         result.d.comb += self.we.eq(fsm.ongoing("OUT"))

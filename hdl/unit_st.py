@@ -21,15 +21,15 @@ class StoreUnit(Unit):
 
     Ports
     -----
-    wr_valid, wr_addr, wr_data : Out(1), Out(16), Out(32)
+    wr_valid, wr_addr, wr_data : Out(1), Out(config.ext_addr_bits), Out(config.word_bits)
         External write port; ``wr_data`` is ``sp_rd`` passed through.
     """
 
     OP = Op.ST
 
-    wr_valid: Out(1)
-    wr_addr:  Out(16)
-    wr_data:  Out(32)
+    def ports(self, cfg):
+        return {**super().ports(cfg),
+                "wr_valid": Out(1), "wr_addr": Out(cfg.ext_addr_bits), "wr_data": Out(cfg.word_bits)}
 
     def elaborate(self, platform):
         m = Module()

@@ -32,7 +32,7 @@ class UnpackUnit(SpadUnit):
         m = Module()
         opr = self.operand_register()
         src, dst, n = opr.src, opr.dst, opr.len
-        i = Signal(12)
+        i = self.addr_signal("i")
         j = Signal(3)
         w = Signal(32)
         phase = Signal(_Phase)

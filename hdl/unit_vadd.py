@@ -26,7 +26,7 @@ class VaddUnit(SpadUnit):
         m = Module()
         opr = self.operand_register()
         s1, s2, dst, n = opr.src1, opr.src2, opr.dst, opr.len
-        j = Signal(12)
+        j = self.addr_signal("j")
         cnt = Signal(17)
         v = Signal()
         par = Signal()

@@ -7,6 +7,7 @@ import random
 
 import pytest
 
+from hdl.config import ChipConfig
 from hdl.dma import DMA
 from tests.simutil import built, run
 
@@ -99,7 +100,7 @@ def test_small_widths():
 
 
 @pytest.mark.parametrize("kw,exc", [({"aw": 0}, ValueError), ({"xw": 0}, ValueError), ({"aw": 12.5}, TypeError),
-                                    ({"xw": None}, TypeError)])
+                                    ({"xw": "16"}, TypeError)])
 def test_bad_parameters(kw, exc):
     with pytest.raises(exc, match=next(iter(kw)) + " must"):
         DMA(**kw)
@@ -108,3 +109,9 @@ def test_bad_parameters(kw, exc):
 def test_ports():
     d = built(DMA())
     assert d.req_addr.shape().width == 16 and d.wa.shape().width == 12 and d.length.shape().width == 12
+
+
+def test_widths_from_config():
+    """Without explicit widths the engine takes the scratchpad's address width from the configuration."""
+    d = built(DMA(config=ChipConfig(spad_depth=1024)))
+    assert d.wa.shape().width == 10 and d.length.shape().width == 10 and d.req_addr.shape().width == 16

@@ -8,6 +8,7 @@ import random
 import pytest
 
 from hdl.arith import s32, sext
+from hdl.config import ChipConfig
 from hdl.systolic import SystolicArray
 from tests.simutil import built, run
 
@@ -138,7 +139,7 @@ def test_accumulator_wraps_at_32_bits():
     run(dut, bench)
 
 
-@pytest.mark.parametrize("n,exc", [(0, ValueError), (-1, ValueError), (2.0, TypeError), (None, TypeError)])
+@pytest.mark.parametrize("n,exc", [(0, ValueError), (-1, ValueError), (2.0, TypeError), ("4", TypeError)])
 def test_bad_n(n, exc):
     with pytest.raises(exc, match="n must"):
         SystolicArray(n)
@@ -147,3 +148,10 @@ def test_bad_n(n, exc):
 def test_ports():
     sa = built(SystolicArray(4))
     assert sa.c.shape().length == 16 and sa.a_edge.shape().length == 4
+
+
+def test_size_from_config():
+    """Without `n` the array is the configuration's: 4 x 4 on the book's chip, 8 x 8 with array=8."""
+    assert built(SystolicArray()).n == 4
+    sa = built(SystolicArray(config=ChipConfig(array=8)))
+    assert sa.n == 8 and sa.c.shape().length == 64 and sa.b_edge.shape().length == 8
