@@ -16,7 +16,9 @@ import sys
 import time
 
 from sim.backend import MAX_LAT, BackendUnavailable, SimError, first_difference, get_backend
-from sim.cli import Parser, Progress, UsageError, guarded, int_range, window
+from sim.cli import Parser, Progress, UsageError, chip_option, guarded, int_range, window
+
+from host.paged import MAX_CONTEXT     # the book's context limit: the decode's steps without a window
 
 __all__ = ["decode_jobs", "random_jobs", "bench", "build_parser", "main"]
 
@@ -34,20 +36,24 @@ class _Recorder:
         return self.inner.run(program, image, lat)
 
 
-def decode_jobs(window, steps: int, lat: int = 8, start: int = 0):
-    """The (program, image, lat) jobs of a paged decode of the structured tiny LM, recorded on the reference."""
+def decode_jobs(window, steps: int, lat: int = 8, start: int = 0, config=None):
+    """The (program, image, lat) jobs of a paged decode of the structured tiny LM for the chip `config`
+    (default: the book's), recorded on the reference."""
+    from hdl.config import BOOK
     from host import tiny_lm as T
     from host.paged import PagedChip
-    rec = _Recorder(get_backend("reference"))
-    chip = PagedChip(T.make_model("structured", 1), steps, window, backend=rec, lat=lat)
+    config = BOOK if config is None else config
+    rec = _Recorder(get_backend("reference", config=config))
+    chip = PagedChip(T.make_model("structured", 1), steps, window, backend=rec, lat=lat, config=config)
     chip.generate(start, steps)
     return rec.jobs
 
 
-def random_jobs(total_cycles: int, seed: int = 1, ext: int = 8192, lat: int = 8):
-    """Random programs (sim.progen) until their reference cycle count reaches `total_cycles`."""
+def random_jobs(total_cycles: int, seed: int = 1, ext: int = 8192, lat: int = 8, config=None):
+    """Random programs (sim.progen, drawn for the book's limits) until their reference cycle count on the
+    chip `config` reaches `total_cycles`."""
     from sim.progen import random_program
-    ref = get_backend("reference")
+    ref = get_backend("reference", config=config)
     rng = random.Random(seed)
     jobs, cycles = [], 0
     while cycles < total_cycles:
@@ -68,11 +74,12 @@ def _run_all(backend, jobs):
     return out
 
 
-def bench(jobs, sims, repeat: int = 3, out=None) -> dict:
-    """Time `jobs` on each simulator of `sims` (best of `repeat` for the fast ones); prints a table and
-    returns {"jobs", "cycles", "backends": {sim: figures}}."""
+def bench(jobs, sims, repeat: int = 3, out=None, config=None) -> dict:
+    """Time `jobs` on each simulator of `sims` (best of `repeat` for the fast ones), every one simulating
+    the chip `config` (default: the book's); prints a table and returns {"jobs", "cycles", "backends":
+    {sim: figures}}."""
     out = out or sys.stdout
-    reference = get_backend("reference")
+    reference = get_backend("reference", config=config)
     ref_wall = float("inf")
     for _ in range(repeat):
         t0 = time.perf_counter()
@@ -86,7 +93,7 @@ def bench(jobs, sims, repeat: int = 3, out=None) -> dict:
             if name == "reference":
                 be, got, wall = reference, expected, ref_wall
             else:
-                be = get_backend(name)
+                be = get_backend(name, config=config)
                 if name == "verilator":
                     tb = time.perf_counter()
                     for key in sorted({(len(i), lat) for _, i, lat in jobs}):
@@ -131,7 +138,9 @@ def build_parser() -> Parser:
                "result must equal the reference's. A cold Verilator build is done first and timed apart.",
                "python -m sim.bench --sims reference,verilator --window 4 --steps 32")
     p.add_argument("--window", type=window, default=4, metavar="{none|N}", help="decode window")
-    p.add_argument("--steps", type=int_range(1, 64), default=32, metavar="N", help="decode steps, 1..64")
+    p.add_argument("--steps", type=int_range(1, MAX_CONTEXT), default=32, metavar="N",
+                   help=f"decode steps, 1..{MAX_CONTEXT} (at most the chip's matrix K without a window)")
+    chip_option(p, help="the chip the decode is compiled for and every simulator runs")
     p.add_argument("--lat", type=int_range(1, MAX_LAT), default=8, metavar="N",
                    help=f"external read latency in cycles, 1..{MAX_LAT}")
     p.add_argument("--sims", default=",".join(BACKENDS), metavar="A,B",
@@ -155,16 +164,17 @@ def main(argv=None) -> int:
     what = None
     if not a.random:
         try:
-            jobs = decode_jobs(a.window, a.steps, a.lat)
+            jobs = decode_jobs(a.window, a.steps, a.lat, config=a.chip)
             what = f"paged decode, window {wtext}, {a.steps} steps"
         except ImportError as e:
             print(f"(the decode is not available: {e}; using random programs)", file=sys.stderr)
     if what is None:
-        jobs = random_jobs(231_792, ext=8192, lat=a.lat)
+        jobs = random_jobs(231_792, ext=8192, lat=a.lat, config=a.chip)
         what = f"random programs (sim.progen, seed 1, EXT 8192)"
     exts = sorted({len(i) for _, i, _ in jobs})
-    print(f"workload: {what}: {len(jobs)} programs, EXT {'/'.join(map(str, exts))}, LAT {a.lat}")
-    r = bench(jobs, sims, a.repeat)
+    print(f"workload: {what}: {len(jobs)} programs, EXT {'/'.join(map(str, exts))}, LAT {a.lat}, "
+          f"chip {a.chip.spec()}")
+    r = bench(jobs, sims, a.repeat, config=a.chip)
     print(f"{r['cycles']:,} chip cycles per backend")
     if not r["backends"]:
         raise SimError(f"none of the asked simulators ({', '.join(sims)}) is available")

@@ -20,7 +20,8 @@ import re
 import sys
 import time
 
-__all__ = ["UsageError", "user_errors", "guarded", "Parser", "int_range", "window", "sim_option",
+__all__ = ["UsageError", "user_errors", "guarded", "Parser", "int_range", "window", "sim_option", "chip",
+           "chip_option",
            "output_file", "output_dir", "make_dir", "write_text", "write_json", "Progress",
            "PROGRESS_ENV", "progress_interval"]
 
@@ -42,14 +43,15 @@ def user_errors() -> tuple[type[BaseException], ...]:
     tests/test_cli.py), instead of silently turning back into a traceback.
     """
     from compiler.graph import CompileError
+    from hdl.config import ChipSpecError
     from hdl.isa import IsaError
     from host.paged import HostError
     from host.pagetable import OutOfPages, PageTableError
     from host.window import WindowError
     from sim.backend import SimError
     from sim.hexfile import HexFileError
-    return (UsageError, IsaError, SimError, CompileError, OutOfPages, PageTableError, HostError, WindowError,
-            HexFileError, OSError)
+    return (UsageError, ChipSpecError, IsaError, SimError, CompileError, OutOfPages, PageTableError, HostError,
+            WindowError, HexFileError, OSError)
 
 
 def _message(e: BaseException) -> str:
@@ -133,8 +135,10 @@ class Parser(argparse.ArgumentParser):
             choices = ", ".join(c.strip().strip("'") for c in m["choices"].split(","))
             message = f"{m['option']} must be one of {choices}, got {m['value']}"
         elif message.startswith("argument "):
-            # "argument --steps: must be ..." -> "--steps must be ...": the option first, as in our own checks
-            message = re.sub(r"^(\S+): must ", r"\1 must ", message[len("argument "):])
+            # "argument --steps: must be ..." -> "--steps must be ...": the option first, as in our own checks;
+            # a message that already names its option ("--chip 'x': ...") keeps one copy of the name
+            message = re.sub(r"^(\S+): (must |\1 )", r"\1 \2", message[len("argument "):])
+            message = re.sub(r"^(\S+) \1 ", r"\1 ", message)
         self.exit(2, f"error: {message}\n")
 
 
@@ -179,6 +183,32 @@ def sim_option(parser: argparse.ArgumentParser, default: str, help: str = "which
     from sim.backend import BACKENDS
     parser.add_argument(flag, default=default, choices=tuple(BACKENDS), metavar="{" + "|".join(BACKENDS) + "}",
                         help=help)
+
+
+def chip(text: str):
+    """An argparse type for ``--chip``: a preset name or ``name=value`` overrides (`hdl.config.parse_chip`),
+    returned as a `hdl.config.ChipConfig`. A bad spec is refused while parsing, in one line."""
+    from hdl.config import ChipSpecError, parse_chip
+    try:
+        return parse_chip(text)
+    except ChipSpecError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+chip.__name__ = "chip spec"
+
+
+def chip_option(parser: argparse.ArgumentParser, help: str = "the chip generated and simulated") -> None:
+    """Add ``--chip SPEC`` (default ``book``) to a command: every command that builds, compiles for or
+    simulates a chip takes it the same way; ``args.chip`` is the `hdl.config.ChipConfig`."""
+    from dataclasses import fields
+
+    from hdl.config import BOOK, PRESETS, ChipConfig
+    names = ", ".join(PRESETS)
+    params = ", ".join(f.name for f in fields(ChipConfig))
+    parser.add_argument("--chip", type=chip, default=BOOK, metavar="SPEC",
+                        help=f"{help}: a preset ({names}) or comma-separated name=value overrides of the book's "
+                             f"chip, e.g. array=8,mm_load=4 (parameters: {params}; default: book)")
 
 
 # ---- output paths: checked while parsing, written atomically -----------------------------------------

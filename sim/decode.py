@@ -14,10 +14,10 @@ import sys
 import time
 
 from sim.backend import MAX_LAT
-from sim.cli import (Parser, Progress, UsageError, guarded, int_range, output_file, sim_option, window,
-                     write_json)
+from sim.cli import (Parser, Progress, UsageError, chip_option, guarded, int_range, output_file, sim_option,
+                     window, write_json)
 
-from host.paged import MAX_CONTEXT, check_decode     # the chip's context limit and the pool's need, defined once
+from host.paged import MAX_CONTEXT, check_decode, max_context     # the context limit and the pool's need, once
 DEFAULT_SIM = "amaranth"
 
 
@@ -37,12 +37,13 @@ def build_parser() -> Parser:
         "(optionally) limited to a sliding window. Prints the tokens, the programs compiled, the pages in use "
         "and the chip's five cycle counters per step.\n\n" + TABLE_HELP + ".",
         "python -m sim.decode --window 4\n"
-        "python -m sim.decode --window 4 --steps 32 --sim reference --json out/w4.json --check")
+        "python -m sim.decode --window 4 --steps 32 --sim reference --json out/w4.json --check\n"
+        "python -m sim.decode --window 4 --chip array=8 --sim reference")
     p.add_argument("--window", type=window, default=None, metavar="{none|N}",
                    help="attend the new token and at most N-1 previous ones (default: none, full context)")
     p.add_argument("--steps", type=int_range(1, MAX_STEPS), default=32, metavar="N",
                    help=f"decode steps, i.e. tokens generated, 1..{MAX_STEPS}; without a window at most "
-                        f"{MAX_CONTEXT}")
+                        f"the chip's matrix K ({MAX_CONTEXT} on the book's chip)")
     p.add_argument("--start", type=int_range(0, 15), default=0, metavar="T", help="start token 0..15")
     p.add_argument("--page", type=int_range(1, None), default=4, metavar="P", help="cache rows per page")
     p.add_argument("--pages", type=int_range(1, None), default=64, metavar="N", help="pages in the pool")
@@ -52,8 +53,10 @@ def build_parser() -> Parser:
                    help="model seed (default 1 for structured, 2 for random)")
     sim_option(p, DEFAULT_SIM, help="which simulator runs the chip: the instruction-level reference machine, "
                                     "Amaranth's simulator (~40 s for 32 steps) or the emitted Verilog in Verilator")
-    p.add_argument("--lat", type=int_range(1, MAX_LAT), default=8, metavar="N",
-                   help=f"external memory read latency in cycles, 1..{MAX_LAT}")
+    chip_option(p, help="the chip the programs are compiled for and the simulator runs")
+    p.add_argument("--lat", type=int_range(1, MAX_LAT), default=None, metavar="N",
+                   help=f"external memory read latency in cycles, 1..{MAX_LAT} (default: the chip's lat, 8 on "
+                        f"the book's chip)")
     p.add_argument("--json", type=output_file, default=None, metavar="PATH",
                    help="also write the run as JSON to PATH")
     p.add_argument("--vcd", type=output_file, default=None, metavar="PATH",
@@ -68,7 +71,7 @@ def build_parser() -> Parser:
 def check_args(a) -> None:
     """The checks that need more than one option (each option alone is checked by the parser)."""
     # the context limit, the pool's bounds and the pages this decode needs: refused before any simulation
-    check_decode(a.steps, a.window, a.page, a.pages)
+    check_decode(a.steps, a.window, a.page, a.pages, config=a.chip)
     if a.vcd and a.sim != "amaranth":
         raise UsageError(f"--vcd needs --sim amaranth (the waveform comes from Amaranth's simulator), got --sim {a.sim}")
 
@@ -99,15 +102,18 @@ def run_decode(a, out=None):
     from sim.backend import get_backend
 
     seed = a.seed if a.seed is not None else (1 if a.model == "structured" else 2)
-    backend = get_backend(a.sim, **({"vcd": a.vcd} if a.vcd else {}))
+    cfg = a.chip
+    lat = cfg.lat if a.lat is None else a.lat
+    backend = get_backend(a.sim, config=cfg, **({"vcd": a.vcd} if a.vcd else {}))
     counted = None
     if a.check:
         from sim.fuzz import CheckedBackend
         counted = _Counted(backend)
-        backend = CheckedBackend(counted)
+        from sim.reference import ReferenceMachine
+        backend = CheckedBackend(counted, ReferenceMachine(config=cfg))
     m = T.make_model(a.model, seed)
     t0 = time.perf_counter()
-    chip = PagedChip(m, a.steps, a.window, page=a.page, n_pages=a.pages, backend=backend, lat=a.lat)
+    chip = PagedChip(m, a.steps, a.window, page=a.page, n_pages=a.pages, backend=backend, lat=lat, config=cfg)
     t_cal = time.perf_counter() - t0
     t1 = time.perf_counter()
     with Progress(f"decoding on {a.sim}") as bar:
@@ -116,7 +122,7 @@ def run_decode(a, out=None):
 
     result = {
         "window": a.window, "page": a.page, "steps": a.steps, "start": a.start, "model": a.model,
-        "seed": seed, "sim": a.sim, "tokens": [int(t) for t in tokens],
+        "seed": seed, "sim": a.sim, "chip": cfg.spec(), "lat": lat, "tokens": [int(t) for t in tokens],
         "programs_compiled": len(chip.progs),
         "peak_pages": chip.peak,
         "records": [{"L": r["L"], "ctx": r["ctx"], "tok": int(r["tok"]), "pages": r["pages"],
@@ -126,7 +132,7 @@ def run_decode(a, out=None):
 
     w = "none" if a.window is None else str(a.window)
     print(f"GA-2 decode: {a.model} model (seed {seed}), start token {a.start}, {a.steps} steps, window {w}, "
-          f"pages of {a.page} rows (pool {a.pages}), simulator {a.sim}, LAT {a.lat}", file=out)
+          f"pages of {a.page} rows (pool {a.pages}), simulator {a.sim}, LAT {lat}, chip {cfg.spec()}", file=out)
     print(f"tokens: {' '.join(str(t) for t in tokens)}", file=out)
     if a.model == "structured":
         expect = [a.start]

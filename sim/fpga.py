@@ -16,7 +16,8 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from sim.cli import Parser, UsageError, guarded, int_range, make_dir, output_dir, write_json, write_text
+from sim.cli import (Parser, UsageError, chip_option, guarded, int_range, make_dir, output_dir, write_json,
+                     write_text)
 
 __all__ = ["BOARDS", "DecodeStep", "decode_step", "make_top", "platform_for", "toolchain_env", "build",
            "summarize_report", "build_parser", "main"]
@@ -37,8 +38,9 @@ class DecodeStep:
     compiled: object        # the compiler.Program, for readback
 
 
-def decode_step(start: int = 0, seed: int = 1) -> DecodeStep:
-    """Compile the structured tiny LM's first decode step (context 1) from token `start`.
+def decode_step(start: int = 0, seed: int = 1, config=None) -> DecodeStep:
+    """Compile the structured tiny LM's first decode step (context 1) from token `start` for the chip
+    `config` (the book's by default).
 
     The quantizer is calibrated over one step from every start token (model spec 5.3).
     """
@@ -50,15 +52,18 @@ def decode_step(start: int = 0, seed: int = 1) -> DecodeStep:
         raise UsageError(f"start token must be 0..{T.V - 1}, got {start!r}")
     m = T.make_model("structured", seed)
     calib, ranges = calibrate(m, 1)
-    P = compile_graph(T.build_graph(m, 1), calib[1], ranges=ranges)
+    from hdl.config import BOOK
+    P = compile_graph(T.build_graph(m, 1), calib[1], ranges=ranges, config=BOOK if config is None else config)
     image = ext_image(P, {"x": [m["E"][start]]}, P.ext_size)
     return DecodeStep(list(P.code), image, P.ext_map["tok"].address, start, P)
 
 
-def make_top(step: DecodeStep, lat: int = 8):
-    """The `DecodeStepTop` holding `step`."""
+def make_top(step: DecodeStep, lat: int | None = None, config=None):
+    """The `DecodeStepTop` holding `step`, of the chip `config` (the book's by default; `lat` defaults to
+    the chip's)."""
+    from hdl.config import BOOK
     from hdl.fpga_top import DecodeStepTop
-    return DecodeStepTop(step.program, step.image, step.tok_addr, lat=lat)
+    return DecodeStepTop(step.program, step.image, step.tok_addr, lat=lat, config=BOOK if config is None else config)
 
 
 def platform_for(board: str):
@@ -136,12 +141,12 @@ def critical_sources(log_text: str, root: Path | None = None) -> list[str]:
     return out
 
 
-def build(board: str, build_dir: Path, seed: int = 1, start: int = 0, verbose=print) -> dict:
+def build(board: str, build_dir: Path, seed: int = 1, start: int = 0, verbose=print, config=None) -> dict:
     """Build the bitstream of the decode-step top for `board` in `build_dir`; return the summary dict."""
     platform = platform_for(board)
     env = toolchain_env()
-    step = decode_step(start)
-    top = make_top(step)
+    step = decode_step(start, config=config)
+    top = make_top(step, config=config)
     build_dir = Path(build_dir)
     # prepare() + execute_local() instead of platform.build(): build() insists that every tool of the
     # platform is present, the programmer (openFPGALoader) included, which a build does not use.
@@ -192,6 +197,7 @@ def build_parser() -> Parser:
     p.add_argument("--build-dir", type=output_dir, default=os.path.join("build", "fpga"), metavar="DIR",
                    help="where amaranth writes the build and the reports (created if missing)")
     p.add_argument("--seed", type=int_range(1, 2**31 - 1), default=1, metavar="S", help="nextpnr placement seed")
+    chip_option(p, help="the chip put on the board")
     return p
 
 
@@ -202,7 +208,7 @@ def main(argv=None) -> int:
     build_dir = Path(args.build_dir)
     toolchain_env()                     # a missing tool is named before anything is created
     make_dir(build_dir)
-    summary = build(args.board, build_dir, seed=args.seed)
+    summary = build(args.board, build_dir, seed=args.seed, config=args.chip)
     text = format_summary(summary)
     print(text)
     write_json(build_dir / "fpga_report.json", summary)

@@ -16,7 +16,7 @@ import time
 from hdl.isa import describe, halt
 
 from sim.backend import MAX_CYCLES, Backend, RunResult, SimError, first_difference, get_backend
-from sim.cli import Parser, UsageError, guarded, int_range, sim_option
+from sim.cli import Parser, UsageError, chip_option, guarded, int_range, sim_option
 
 __all__ = ["fuzz", "locate", "run_batch", "CheckedBackend", "build_parser", "main"]
 
@@ -197,6 +197,7 @@ def build_parser() -> Parser:
                "python -m sim.fuzz --sim verilator --count 200 --seed 7\n"
                "python -m sim.fuzz --sim amaranth --count 20 --ext 2048 --lat 8 --budget 20000")
     sim_option(p, "verilator", help="the simulator to check: amaranth or verilator")
+    chip_option(p, help="the chip both simulators model (the programs are drawn for the book's limits)")
     p.add_argument("--count", type=int_range(1, MAX_COUNT), default=200, metavar="N",
                    help=f"programs to run, 1..{MAX_COUNT:,}")
     p.add_argument("--seed", type=int, default=1, metavar="S", help="random seed; the same seed, the same run")
@@ -215,8 +216,15 @@ def main(argv=None) -> int:
     if a.sim == "reference":
         raise UsageError("--sim reference would compare the reference machine with itself: "
                          "choose amaranth or verilator")
-    backend = get_backend(a.sim)
-    reference = get_backend("reference", check=False)
+    from hdl.config import BOOK
+    smaller = [f"{k}={getattr(a.chip, k)}" for k in ("spad_depth", "array", "row_depth", "rom_words")
+               if getattr(a.chip, k) < getattr(BOOK, k)]
+    if smaller:
+        # sim.progen draws its programs for the book's limits: on a smaller chip many would be illegal
+        raise UsageError(f"--chip {a.chip.spec()}: the random programs are drawn for the book's chip, and this "
+                         f"chip is smaller ({', '.join(smaller)})")
+    backend = get_backend(a.sim, config=a.chip)
+    reference = get_backend("reference", check=False, config=a.chip)
     s = fuzz(backend, reference, a.count, a.seed, a.ext, a.lat, first=a.first, budget=a.budget,
              progress=sys.stderr if a.count > 100 else None)
     status = "PASS" if s["failures"] == 0 else "FAIL"

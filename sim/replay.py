@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import sys
 
+from hdl.config import BOOK
 from hdl.isa import IsaError, validate_program
 
 from sim.backend import (MAX_LAT, BackendUnavailable, BadInput, RunResult, SimError, check_lat, first_difference,
@@ -24,24 +25,24 @@ class _InputError(Exception):
     """Input replay cannot use; the message is printed after 'error: '."""
 
 
-def replay(records, backend, lat: int = 8, progress=None) -> tuple[str | None, int]:
+def replay(records, backend, lat: int = 8, progress=None, config=BOOK) -> tuple[str | None, int]:
     """Run every record on `backend`. Returns (None, total cycles) or ("program i: ...", cycles so far).
 
     Each result must equal the record's expected memory and counters and, unless `backend` is the
     reference machine itself, the reference machine's result, scratchpad included (the file has none).
 
-    Raises `_InputError` for a latency outside 1..MAX_LAT or a record whose program is illegal (both
-    checked before anything runs).
+    Raises `_InputError` for a latency outside 1..MAX_LAT or a record whose program is illegal on the
+    chip `config` (both checked before anything runs). The reference machine models the same chip.
     """
     from sim.reference import ReferenceMachine
     try:
         check_lat(lat)
     except BadInput as e:
         raise _InputError(str(e)) from None
-    reference = None if _is_reference(backend) else ReferenceMachine()
+    reference = None if _is_reference(backend) else ReferenceMachine(config=config)
     for i, rec in enumerate(records):
         try:
-            validate_program(rec.program, ext_words=len(rec.image))
+            validate_program(rec.program, ext_words=len(rec.image), cfg=config)
         except IsaError as e:
             raise _InputError(f"program {i}: {e}") from None
     total = 0
@@ -72,7 +73,7 @@ def replay(records, backend, lat: int = 8, progress=None) -> tuple[str | None, i
             expected = RunResult(ext=list(rec.expected_ext), counters=list(rec.expected_counters))
             diff = first_difference(expected, got, scratchpad=False)
             if diff is not None:
-                return f"program {i}: {diff}{_explain(rec, backend, lat, expected, got, diff)}", total
+                return f"program {i}: {diff}{_explain(rec, backend, lat, expected, got, diff, config)}", total
             if reference is not None:
                 try:
                     want = reference.run(list(rec.program), list(rec.image), lat=lat)
@@ -81,7 +82,7 @@ def replay(records, backend, lat: int = 8, progress=None) -> tuple[str | None, i
                 diff = first_difference(want, got)
                 if diff is not None:
                     return (f"program {i}: {diff} (compared with the reference machine: the file has no "
-                            f"scratchpad){_where_it_starts(rec, backend, lat)}"), total
+                            f"scratchpad){_where_it_starts(rec, backend, lat, config)}"), total
             total += got.counters[0]
     return None, total
 
@@ -93,14 +94,14 @@ def _is_reference(backend) -> bool:
 LAT_GUESSES = 64            # a failing replay tries the reference machine with LAT 1..64 to name a wrong --lat
 
 
-def _explain(rec, backend, lat, expected, got, diff) -> str:
+def _explain(rec, backend, lat, expected, got, diff, config=BOOK) -> str:
     """Why a result differs from the file. When only counters differ and the reference machine gives the
     file's counters with another latency, the file was made for that LAT (record files do not carry it):
     say "is --lat right?". Otherwise: where the simulator starts to differ from the reference machine
     (`_where_it_starts`)."""
     if diff.startswith("counter ") and list(got.ext) == list(expected.ext):
         from sim.reference import ReferenceMachine
-        reference = ReferenceMachine()
+        reference = ReferenceMachine(config=config)
         for other in range(1, LAT_GUESSES + 1):
             if other == lat:
                 continue
@@ -111,10 +112,10 @@ def _explain(rec, backend, lat, expected, got, diff) -> str:
             if list(counters) == list(expected.counters):
                 return (f" (memory matches, and the file's counters are the reference machine's with LAT {other}, "
                         f"not {lat}: is --lat right? a record file does not say which LAT it was made for)")
-    return _where_it_starts(rec, backend, lat)
+    return _where_it_starts(rec, backend, lat, config)
 
 
-def _where_it_starts(rec, backend, lat) -> str:
+def _where_it_starts(rec, backend, lat, config=BOOK) -> str:
     """For a simulator that disagrees with the file: the first instruction after which it also disagrees
     with the reference machine (found by running the program's prefixes on both)."""
     from hdl.isa import describe
@@ -123,14 +124,14 @@ def _where_it_starts(rec, backend, lat) -> str:
     if _is_reference(backend):
         return " (the reference machine itself differs from the file's expected values)"
     try:
-        pc = locate(list(rec.program), list(rec.image), lat, backend, ReferenceMachine())
+        pc = locate(list(rec.program), list(rec.image), lat, backend, ReferenceMachine(config=config))
     except SimError:
         return ""
     return "" if pc is None else f" (first differing instruction: pc {pc}, {describe(rec.program[pc])})"
 
 
 def build_parser():
-    from sim.cli import Parser, int_range, sim_option
+    from sim.cli import Parser, chip_option, int_range, sim_option
     p = Parser("python -m sim.replay",
                "Run every program of a record file (the book's format) on a simulator and compare the final "
                "external memory and all five counters with the file's: one PASS line (exit 0), or FAIL with "
@@ -141,6 +142,7 @@ def build_parser():
                "python -m sim.replay suite.hex --sim verilator --ext 2048 --lat 8")
     p.add_argument("file", help="the record file")
     sim_option(p, "reference", help="which simulator runs the programs")
+    chip_option(p, help="the chip the file's programs were made for")
     p.add_argument("--ext", type=int_range(1, 65536), default=2048, metavar="WORDS",
                    help="external memory words per image, 1..65536")
     p.add_argument("--lat", type=int_range(1, MAX_LAT), default=8, metavar="N",
@@ -153,9 +155,9 @@ def main(argv=None) -> int:
     a = build_parser().parse_args(argv)
     progress = Progress("replaying", unit="program")
     try:
-        backend = get_backend(a.sim)
+        backend = get_backend(a.sim, config=a.chip)
         records = read_records(a.file, ext=a.ext)
-        failure, total = replay(records, backend, lat=a.lat, progress=progress)
+        failure, total = replay(records, backend, lat=a.lat, progress=progress, config=a.chip)
     except (_InputError, HexFileError, BackendUnavailable) as e:
         progress.close()
         print(f"error: {e}", file=sys.stderr)

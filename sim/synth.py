@@ -17,7 +17,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from sim.cli import Parser, UsageError, guarded, make_dir, output_dir, output_file, write_json
+from sim.cli import Parser, UsageError, chip_option, guarded, make_dir, output_dir, output_file, write_json
 
 __all__ = ["TARGETS", "ToolMissing", "SynthError", "Row", "require_tools", "yosys_script", "synthesize",
            "synthesize_block", "summarize", "format_table", "build_parser", "main"]
@@ -231,14 +231,15 @@ def synthesize(design, top: str, target: str = "generic", pnr: bool = False, kee
     return row
 
 
-def synthesize_block(name: str, target: str = "generic", pnr: bool = False, keep: Path | None = None) -> Row:
-    """Synthesize block `name` of `sim.verilog.BLOCKS`."""
+def synthesize_block(name: str, target: str = "generic", pnr: bool = False, keep: Path | None = None,
+                     config=None) -> Row:
+    """Synthesize block `name` of `sim.verilog.BLOCKS` for the chip `config` (the book's by default)."""
     from sim.verilog import BLOCKS
     try:
         factory = BLOCKS[name]
     except KeyError:
         raise UsageError(f"unknown block {name!r}; known: {', '.join(BLOCKS)}") from None
-    return synthesize(factory(), name, target, pnr=pnr, keep=keep)
+    return synthesize(factory(config), name, target, pnr=pnr, keep=keep)
 
 
 _HEAD = ("block", "LUT", "FF", "carry", "DSP", "BRAM", "LUTRAM", "longest path", "s")
@@ -274,6 +275,7 @@ def build_parser() -> Parser:
                    help="ecp5: skip the out-of-context place and route (no Fmax; much faster)")
     p.add_argument("--keep", metavar="DIR", type=output_dir,
                    help="keep each block's RTLIL, netlist and logs here (created if missing)")
+    chip_option(p, help="the chip whose blocks are synthesized")
     return p
 
 
@@ -291,12 +293,13 @@ def main(argv=None) -> int:
     if args.keep:
         make_dir(args.keep)
 
-    print(f"Yosys synthesis, target {args.target}" +
+    print(f"Yosys synthesis, target {args.target}, chip {args.chip.spec()}" +
           (f"; Fmax from nextpnr-ecp5 out of context (LFE5U-85F, {PNR_FREQ_MHZ} MHz asked)" if pnr else ""))
     print(format_table([]))
     rows = []
     for name in names:
-        row = synthesize_block(name, args.target, pnr=pnr, keep=Path(args.keep) if args.keep else None)
+        row = synthesize_block(name, args.target, pnr=pnr, keep=Path(args.keep) if args.keep else None,
+                               config=args.chip)
         rows.append(row)
         print(format_table([row]).splitlines()[1], flush=True)
     if args.target == "generic":
@@ -305,7 +308,7 @@ def main(argv=None) -> int:
         if row.note:
             print(f"* {row.block}: {row.note}")
     if args.json:
-        doc = {"target": args.target, "command": "python -m sim.synth " + " ".join(argv or sys.argv[1:]),
+        doc = {"target": args.target, "chip": args.chip.spec(), "command": "python -m sim.synth " + " ".join(argv or sys.argv[1:]),
                "rows": [asdict(r) | {"path": r.path} for r in rows]}
         write_json(args.json, doc)
     return 0

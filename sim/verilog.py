@@ -14,7 +14,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from sim.cli import Parser, UsageError, guarded, make_dir, output_dir
+from sim.cli import Parser, UsageError, chip_option, guarded, make_dir, output_dir
 
 __all__ = ["BLOCKS", "LINT_WAIVERS", "lazy", "convert", "write", "find_verilator", "lint", "LintResult", "build_parser", "main"]
 
@@ -22,10 +22,19 @@ __all__ = ["BLOCKS", "LINT_WAIVERS", "lazy", "convert", "write", "find_verilator
 def lazy(module: str, cls: str, *args, **kwargs):
     """A factory that imports `module` only when called, then returns `cls(*args, **kwargs)`.
 
-    Lazy so that a block that is still being written cannot break the conversion of the others.
+    Lazy so that a block that is still being written cannot break the conversion of the others. The
+    factory takes the chip's configuration (``factory(config)``, the book's by default) and hands it to
+    every block that takes ``config=``; a block that does not is the same on every chip.
     """
-    def factory():
-        return getattr(importlib.import_module(module), cls)(*args, **kwargs)
+    def factory(config=None):
+        import inspect
+
+        from hdl.config import BOOK
+        block = getattr(importlib.import_module(module), cls)
+        extra = {}
+        if "config" in inspect.signature(block).parameters:
+            extra["config"] = BOOK if config is None else config
+        return block(*args, **kwargs, **extra)
     factory.__qualname__ = f"{module}.{cls}"
     return factory
 
@@ -33,11 +42,11 @@ def lazy(module: str, cls: str, *args, **kwargs):
 BLOCKS = {
     "scratchpad": lazy("hdl.scratchpad", "Scratchpad"),
     "rowmem":     lazy("hdl.rowmem", "RowMem"),
-    "systolic":   lazy("hdl.systolic", "SystolicArray", 4),
+    "systolic":   lazy("hdl.systolic", "SystolicArray"),
     "requant":    lazy("hdl.requant", "Requantizer"),
     "exp_lut":    lazy("hdl.exp_lut", "ExpTable"),
     "divider":    lazy("hdl.divider", "Divider", 40),
-    "dma":        lazy("hdl.dma", "DMA", aw=12, xw=16),
+    "dma":        lazy("hdl.dma", "DMA"),
     "softmax":    lazy("hdl.softmax", "Softmax", 4),
     "unit_mm":    lazy("hdl.unit_mm", "MatrixUnit"),
     "unit_sm":    lazy("hdl.unit_sm", "SoftmaxUnit"),
@@ -46,9 +55,9 @@ BLOCKS = {
     "unit_vadd":   lazy("hdl.unit_vadd", "VaddUnit"),
     "unit_amax":   lazy("hdl.unit_amax", "ArgmaxUnit"),
     "unit_unpack": lazy("hdl.unit_unpack", "UnpackUnit"),
-    "extmem":      lazy("hdl.extmem", "ExtMemory", 2048, 8),
+    "extmem":      lazy("hdl.extmem", "ExtMemory", 2048),
     "ga2":         lazy("hdl.chip", "GA2"),
-    "harness":     lazy("hdl.harness", "ChipHarness", 8192, 8),
+    "harness":     lazy("hdl.harness", "ChipHarness"),
 }
 
 # Warnings waived for generated code, with the reason. Everything else, -Wall included, must be clean.
@@ -71,24 +80,26 @@ LINT_WAIVERS = {
 }
 
 
-def convert(name: str) -> str:
-    """The Verilog text of block `name`, with the block name as its top module."""
+def convert(name: str, config=None) -> str:
+    """The Verilog text of block `name` of the chip `config` (the book's by default), with the block name
+    as its top module."""
     from amaranth.back import verilog
     try:
         factory = BLOCKS[name]
     except KeyError:
         raise UsageError(f"unknown block {name!r}; known: {', '.join(BLOCKS)}") from None
-    return verilog.convert(factory(), name=name, emit_src=False)
+    return verilog.convert(factory(config), name=name, emit_src=False)
 
 
-def write(out: Path, names=None) -> list[Path]:
-    """Write `<name>.v` into `out` for each block (all of them by default); return the paths."""
+def write(out: Path, names=None, config=None) -> list[Path]:
+    """Write `<name>.v` into `out` for each block (all of them by default) of the chip `config` (the
+    book's by default); return the paths."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     paths = []
     for name in names or BLOCKS:
         path = out / f"{name}.v"
-        path.write_text(convert(name))
+        path.write_text(convert(name, config))
         paths.append(path)
     return paths
 
@@ -131,6 +142,7 @@ def build_parser() -> Parser:
     p.add_argument("--out", type=output_dir, metavar="DIR",
                    help="directory for the .v files (created if missing); required unless --list")
     p.add_argument("--lint", action="store_true", help="run the Verilator lint on every file written")
+    chip_option(p, help="the chip whose blocks are written")
     p.add_argument("--only", nargs="+", metavar="NAME", help="these blocks only (default: all)")
     p.add_argument("--list", action="store_true", help="list the blocks and the lint waivers, then exit")
     return p
@@ -152,7 +164,7 @@ def main(argv=None) -> int:
     if args.lint:
         find_verilator()                # before converting anything: the lint needs it
     make_dir(args.out)
-    paths = write(Path(args.out), args.only)
+    paths = write(Path(args.out), args.only, args.chip)
     failed = 0
     print(f"{'block':12s} {'lines':>6s}  {'lint':6s} {'seconds':>7s}")
     for path in paths:

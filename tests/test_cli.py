@@ -376,7 +376,7 @@ def test_decode_says_where_the_waveform_went(tmp_path, monkeypatch, capsys):
         def run(self, program, image, lat=8):
             Path(self.vcd).write_text("$enddefinitions $end\n")
             return super().run(program, image, lat)
-    monkeypatch.setattr(sim.backend, "get_backend", lambda name, vcd=None: Waving(vcd))
+    monkeypatch.setattr(sim.backend, "get_backend", lambda name, vcd=None, config=None: Waving(vcd))
     vcd = tmp_path / "w.vcd"
     assert decode.main(["--sim", "amaranth", "--steps", "1", "--quiet", "--vcd", str(vcd)]) == 0
     assert capsys.readouterr().out.splitlines()[-1] == f"wrote {vcd}" and vcd.exists()
