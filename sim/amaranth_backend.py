@@ -1,6 +1,7 @@
 """The Amaranth-simulator backend: runs programs on the RTL of the chip (GA2 + ROM + ExtMemory).
 
-One `Simulator` per (EXT, LAT) is built on first use and reused: `Simulator.reset()` returns every
+The chip is built from one configuration (`hdl.config.ChipConfig`, the book's by default). One
+`Simulator` per (EXT, LAT) is built on first use and reused: `Simulator.reset()` returns every
 register and memory to its initial (zero) state, which also zeroes the scratchpad as the book's
 testbench does. The ROM and the image are written into the memories before `start`; during the run the
 testbench sleeps until `halted` rises (or the cycle budget runs out), so no Python runs per cycle; then
@@ -12,6 +13,7 @@ from amaranth.hdl import ClockDomain, Module
 from amaranth.sim import Simulator
 
 from hdl.chip import SeqState
+from hdl.config import BOOK
 from hdl.harness import ChipHarness
 from hdl.isa import Op
 from sim.backend import (MAX_CYCLES, Backend, BadInput, DidNotHalt, RunResult, check_lat, check_max_cycles,
@@ -26,8 +28,8 @@ _PERIOD = 1e-6
 class _Rig:
     """One simulator of the harness for one (EXT, LAT), with the job it is to run next."""
 
-    def __init__(self, ext_words, lat):
-        self.harness = ChipHarness(ext_words=ext_words, lat=lat, backdoor=False)
+    def __init__(self, ext_words, lat, config):
+        self.harness = ChipHarness(ext_words=ext_words, lat=lat, backdoor=False, config=config)
         top = Module()
         top.domains.sync = self.cd = ClockDomain("sync")
         top.submodules.harness = self.harness
@@ -108,18 +110,21 @@ class AmaranthBackend(Backend):
         Give up (`DidNotHalt`) when the chip has not halted within this many cycles.
     vcd : str or None
         Write a waveform of each run to this path (the last run wins); none when ``None``.
+    config : hdl.config.ChipConfig
+        The chip to simulate (keyword only; the book's chip by default).
     """
     name = "amaranth"
 
-    def __init__(self, max_cycles: int = MAX_CYCLES, vcd=None):
+    def __init__(self, max_cycles: int = MAX_CYCLES, vcd=None, *, config=BOOK):
         self.max_cycles = check_max_cycles(max_cycles)
         self.vcd = vcd
+        self.config = config
         self._rigs: dict[tuple[int, int], _Rig] = {}
 
     def _rig(self, ext_words, lat):
         key = (ext_words, lat)
         if key not in self._rigs:
-            self._rigs[key] = _Rig(ext_words, lat)
+            self._rigs[key] = _Rig(ext_words, lat, self.config)
         return self._rigs[key]
 
     def run(self, program, image, lat: int = 8) -> RunResult:

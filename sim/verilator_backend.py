@@ -3,9 +3,9 @@ on batches of programs (one process invocation per batch, a fresh model per prog
 
 Contract: the run protocol of hardware spec 6.2 (one reset edge, backdoor loads, a one-edge start pulse,
 edges until `halted` or `max_cycles`), then the external memory and the whole scratchpad read back through
-the harness's backdoor ports. Each (EXT, LAT) pair is its own elaboration, built once and cached
-under ``build/verilator/<hash>/`` (or ``$GA2_BUILD_DIR/verilator/<hash>/``), the hash covering the Verilog,
-the C++ driver, the build flags and the Verilator version.
+the harness's backdoor ports. Each (chip configuration, EXT, LAT) is its own elaboration, built once and
+cached under ``build/verilator/<hash>/`` (or ``$GA2_BUILD_DIR/verilator/<hash>/``), the hash covering the
+Verilog, the C++ driver, the build flags (the configuration's key among them) and the Verilator version.
 """
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ import time
 from array import array
 from pathlib import Path
 
-from hdl.isa import SPAD_WORDS
+from hdl.config import BOOK, ChipConfig
 from sim.backend import (MAX_CYCLES, Backend, BackendUnavailable, BadInput, DidNotHalt, RunResult, SimError,
                          check_lat, check_max_cycles, image_words, program_words)
 
@@ -127,18 +127,21 @@ def _hdl_source_key() -> str:
 _EMIT = """
 import sys
 from amaranth.back import verilog
+from hdl.config import ChipConfig
 from hdl.harness import ChipHarness
-sys.stdout.write(verilog.convert(ChipHarness(ext_words=int(sys.argv[1]), lat=int(sys.argv[2])),
+config = ChipConfig(**{k: int(v) for k, v in (kv.split("=") for kv in sys.argv[4].split(","))})
+sys.stdout.write(verilog.convert(ChipHarness(ext_words=int(sys.argv[1]), lat=int(sys.argv[2]), config=config),
                                  name=sys.argv[3], emit_src=False))
 """
 
 
-def _emit_chip_verilog(ext: int, lat: int) -> str:
-    """The harness's Verilog, emitted by a fresh interpreter from the hdl/ sources as they are on disk."""
+def _emit_chip_verilog(ext: int, lat: int, config: ChipConfig = BOOK) -> str:
+    """The harness's Verilog for `config`, emitted by a fresh interpreter from the hdl/ sources as they are
+    on disk (the configuration travels as its `ChipConfig.key` text)."""
     env = dict(os.environ)
     root = str(_hdl_dir().parent)
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    p = subprocess.run([sys.executable, "-c", _EMIT, str(ext), str(lat), TOP], cwd=root, env=env,
+    p = subprocess.run([sys.executable, "-c", _EMIT, str(ext), str(lat), TOP, config.key()], cwd=root, env=env,
                        capture_output=True, text=True)
     if p.returncode != 0 or not p.stdout:
         last = (p.stderr.strip().splitlines() or [f"exit status {p.returncode}"])[-1]
@@ -146,9 +149,9 @@ def _emit_chip_verilog(ext: int, lat: int) -> str:
     return p.stdout
 
 
-def _chip_harness(ext: int, lat: int):
+def _chip_harness(ext: int, lat: int, config: ChipConfig = BOOK):
     from hdl.harness import ChipHarness
-    return ChipHarness(ext_words=ext, lat=lat)
+    return ChipHarness(ext_words=ext, lat=lat, config=config)
 
 
 class VerilatorBackend(Backend):
@@ -161,10 +164,15 @@ class VerilatorBackend(Backend):
     build_dir : path, optional
         Cache root for built models (default: `default_build_root()`).
     design : callable, optional
-        ``design(ext_words, lat)`` returning the Amaranth component to simulate; it must have the
-        ChipHarness ports. Default: ``hdl.harness.ChipHarness``. Tests use it for a stand-in.
+        ``design(ext_words, lat)`` returning the Amaranth component to simulate (for a chip other than
+        the book's, ``design(ext_words, lat, config)``); it must have the ChipHarness ports. Default:
+        ``hdl.harness.ChipHarness``. Tests use it for a stand-in.
     verbose : bool, optional
         Print a line to stderr when a model is built and how long it took (tens of seconds); default on.
+    config : hdl.config.ChipConfig
+        The chip to build (keyword only; the book's chip by default). Its key is part of every model's
+        cache key, so two chips never share a model. The driver reads 32-bit counters: a chip with
+        other counters raises `BackendUnavailable`.
 
     Attributes
     ----------
@@ -178,8 +186,13 @@ class VerilatorBackend(Backend):
     """
     name = "verilator"
 
-    def __init__(self, max_cycles: int = MAX_CYCLES, build_dir=None, design=None, verbose: bool | None = None):
+    def __init__(self, max_cycles: int = MAX_CYCLES, build_dir=None, design=None, verbose: bool | None = None,
+                 *, config: ChipConfig = BOOK):
         self.max_cycles = check_max_cycles(max_cycles)
+        if config.counter_bits != 32:
+            raise BackendUnavailable(f"the Verilator driver reads 32-bit counters; this chip's are "
+                                     f"{config.counter_bits} bits (use --sim amaranth or reference)")
+        self.config = config
         self.build_root = Path(build_dir) if build_dir is not None else default_build_root()
         self.design = design or _chip_harness
         self.verbose = True if verbose is None else verbose    # a cold build takes ~20 s: always say so
@@ -197,14 +210,16 @@ class VerilatorBackend(Backend):
         if key in self._models:
             return self._models[key]
         driver = DRIVER.read_text()
-        defines = [f"-DGA2_EXT={ext}", f"-DGA2_LAT={lat}", f"-DGA2_SPAD={SPAD_WORDS}"]
+        cfg = self.config
+        defines = [f"-DGA2_EXT={ext}", f"-DGA2_LAT={lat}", f"-DGA2_SPAD={cfg.spad_depth}"]
         # Emitting the chip's Verilog takes seconds, so for the default design a shortcut maps the
         # hdl/ sources (+ everything else that goes into the model) to the model built from them.
         shortcut = None
         if self.design is _chip_harness:
             source_key = _hdl_source_key()
             shortcut = self.build_root / "by-source" / _digest(
-                source_key, _amaranth_version(), driver, self.version, " ".join(VERILATOR_FLAGS + defines))
+                source_key, cfg.key(), _amaranth_version(), driver, self.version,
+                " ".join(VERILATOR_FLAGS + defines))
             try:
                 exe = self.build_root / shortcut.read_text().strip() / EXE
                 if exe.exists():
@@ -214,13 +229,14 @@ class VerilatorBackend(Backend):
                 pass
             # A fresh interpreter imports hdl/ as it is on disk now; if the sources were the same before
             # and after, the Verilog belongs to `source_key` (this process may hold older modules).
-            verilog_text = _emit_chip_verilog(ext, lat)
+            verilog_text = _emit_chip_verilog(ext, lat, cfg)
             if _hdl_source_key() != source_key:
                 shortcut = None
         else:
             from amaranth.back import verilog
-            verilog_text = verilog.convert(self.design(ext, lat), name=TOP, emit_src=False)
-        digest = _digest(verilog_text, driver, self.version, " ".join(VERILATOR_FLAGS + defines))
+            design = self.design(ext, lat) if cfg == BOOK else self.design(ext, lat, cfg)
+            verilog_text = verilog.convert(design, name=TOP, emit_src=False)
+        digest = _digest(verilog_text, cfg.key(), driver, self.version, " ".join(VERILATOR_FLAGS + defines))
         final = self.build_root / digest
         exe = final / EXE
         if not exe.exists():
@@ -337,7 +353,7 @@ class VerilatorBackend(Backend):
             out = array("I")
             with open(out_path, "rb") as f:
                 out.frombytes(f.read())
-        per = RESULT_HEAD + ext + SPAD_WORDS
+        per = RESULT_HEAD + ext + self.config.spad_depth
         if len(out) != 2 + per * len(batch) or out[0] != MAGIC_RESULTS:
             raise SimError(f"the Verilator model {exe} wrote a malformed result file")
         results: list[RunResult | None] = []
