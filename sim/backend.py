@@ -2,7 +2,7 @@
 
 A backend runs a program (a list of 128-bit instruction words, HALT last) on an external-memory image
 (a list of 32-bit words; its length is EXT) with read latency LAT, and returns the final external memory,
-the final scratchpad (all 4096 words) and the five counters ``[total, mm, dma, vec, instructions]``. The
+the final scratchpad (all of its words) and the five counters ``[total, mm, dma, vec, instructions]``. The
 reference machine, the Amaranth simulation and Verilator must return identical results for every program
 and every LAT in 1..MAX_LAT; `first_difference` is the one comparison.
 """

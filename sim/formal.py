@@ -141,7 +141,7 @@ def targets() -> list[Target]:
     units = [StoreUnit, MatrixUnit, RequantUnit, SoftmaxUnit, VaddUnit, ArgmaxUnit, UnpackUnit]
     every = frozenset(UNIT_PROPERTIES)
     out = [Target(cls.OP.name.lower(), cls, UNIT_PROPERTIES, every) for cls in units]
-    out.append(Target("ld", lambda: DMA(aw=12, xw=16), UNIT_PROPERTIES, every))
+    out.append(Target("ld", DMA, UNIT_PROPERTIES, every))     # the book's DMA: widths from its configuration
     # On the chip, induction succeeds only for the state facts: ownership and the LD range need the units'
     # internal invariants (not inductive alone), and yices does not close the counters' 32-bit adder
     # identity by induction within minutes; those three are bounded model checks from reset.
