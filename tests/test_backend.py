@@ -49,3 +49,22 @@ def test_every_scratchpad_word_is_compared(i):
     assert first_difference(_result(), _result(spad=got)) == \
         f"scratchpad word {i}: expected 0x{SPAD[i]:08x}, got 0x{got[i]:08x}"
     assert first_difference(_result(), _result(spad=got), scratchpad=False) is None
+
+
+class _BookOnly:
+    """A backend class that does not take a configuration (as the RTL backends did before issue 12)."""
+
+    def __init__(self, **options):
+        self.options = options
+
+
+def test_get_backend_hands_the_configuration_on(monkeypatch):
+    from hdl.config import BOOK, parse_chip
+    from sim import backend as B
+    cfg = parse_chip("array=8")
+    assert B.get_backend("reference", config=cfg).config == cfg
+    assert B.get_backend("reference").config == BOOK
+    monkeypatch.setitem(B.BACKENDS, "bookonly", f"{__name__}:_BookOnly")
+    assert B.get_backend("bookonly", trace=True).options == {"trace": True}      # the book's chip: no config=
+    with pytest.raises(B.BackendUnavailable, match=r"only the book's chip so far, not --chip array=8"):
+        B.get_backend("bookonly", config=cfg)

@@ -131,6 +131,29 @@ def test_unknown_option_and_bad_value_are_one_line(name, tmp_path, capsys):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file", "g.hex"]      # nothing written
 
 
+CHIP_COMMANDS = ("decode", "replay", "fuzz", "bench", "verilog", "synth", "fpga")
+
+
+@pytest.mark.parametrize("name", CHIP_COMMANDS)
+def test_a_bad_chip_is_one_line_on_every_command_that_builds_one(name, tmp_path, capsys):
+    assert ga2.main([name, *REQUIRED.get(name, []), "--chip", "array=8,mm_load=3"]) == 2
+    assert _one_error_line(capsys) == ("error: --chip 'array=8,mm_load=3': ChipConfig mm_load must divide the "
+                                       "4 int8 elements of a word, not 3")
+    assert ga2.main([name, *REQUIRED.get(name, []), "--help"]) == 0
+    assert "--chip SPEC" in capsys.readouterr().out
+
+
+def test_chip_spec_errors_are_user_errors(capsys):
+    from hdl.config import ChipSpecError, parse_chip
+    from sim.cli import guarded, user_errors
+    assert ChipSpecError in user_errors()
+
+    def main(argv):
+        parse_chip("lat=0")
+    assert guarded(main, []) == 2
+    assert _one_error_line(capsys) == "error: --chip 'lat=0': ChipConfig lat must be in 1..1024, not 0"
+
+
 def test_usage_error_names_option_and_value(capsys):
     from sim import decode
     with pytest.raises(SystemExit) as e:

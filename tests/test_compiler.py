@@ -465,3 +465,25 @@ def test_pinned_groups_refuse_a_second_scale():
     g.output(g.softmax(g.concat_rows(x, w)), "p")
     with pytest.raises(C.CompileError, match=r"node 1 \(weight 'W'.*4-bit weight.*node 3 \(softmax.*Q4\.4"):
         C.compile_graph(g, [{"x": [[0.1, 0.2, 0.3, 0.4]]}])
+
+
+def test_tiles_follow_the_configured_array(structured):
+    # the same graph for an 8x8 array: tiles up to 8 wide, the same RQ/SM/VADD/LD/ST instructions, and a
+    # cycle prediction from that chip's model
+    from hdl.config import BOOK, parse_chip
+    m, calib, ranges, progs = structured
+    cfg = parse_chip("array=8")
+    for n in (1, 5, 24):
+        book, wide = progs[n], C.compile_graph(build_graph(m, n), calib[n], ranges=ranges, config=cfg)
+        assert wide.config == cfg and book.config == BOOK
+        mn = [(isa.operands(w)["M"], isa.operands(w)["N"]) for w in wide.code if isa.operands(w)["op"] == Op.MM]
+        assert max(max(t) for t in mn) == 8 and all(max(t) <= 8 for t in mn)
+        others = lambda P: [w for w in P.code if isa.operands(w)["op"] != Op.MM]       # noqa: E731
+        assert others(wide) == others(book)
+        assert wide.counters() == [sum(2 + isa.busy_cycles(w, 8, cfg) for w in wide.code),
+                                   sum(isa.busy_cycles(w, 8, cfg) for w in wide.code if isa.operands(w)["op"] == Op.MM),
+                                   book.counters()[2], book.counters()[3], len(wide.code) - 1]
+    with pytest.raises(C.CompileError, match="exceeds the matrix unit's 16"):
+        C.compile_graph(build_graph(m, 17), calib[17], ranges=ranges, config=parse_chip("row_depth=16"))
+    with pytest.raises(C.CompileError, match=r"scratchpad full: .* \(of 256\)"):
+        C.compile_graph(build_graph(m, 1), calib[1], ranges=ranges, config=parse_chip("spad_depth=256"))

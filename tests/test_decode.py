@@ -18,7 +18,7 @@ PROGRAMS = {None: 32, 8: 8, 4: 4}
 PAGES_AT_2_9_17_32 = {None: [1, 2, 4, 8], 8: [1, 2, 2, 2], 4: [1, 1, 1, 1]}
 PEAK = {None: 8, 8: 3, 4: 2}
 RULE = [0, 3, 2, 13, 4, 7, 6, 1, 8, 11, 10, 5, 12, 15, 14, 9]      # f(t) = 5t+3 mod 16 from 0, one cycle
-JSON_KEYS = {"window", "page", "steps", "start", "model", "seed", "sim", "tokens", "programs_compiled",
+JSON_KEYS = {"window", "page", "steps", "start", "model", "seed", "sim", "chip", "tokens", "programs_compiled",
              "peak_pages", "records"}
 RECORD_KEYS = {"L", "ctx", "tok", "pages", "counters", "logits_int"}
 
@@ -87,6 +87,9 @@ def test_random_model_runs_and_reports_its_seed(tmp_path):
     (["--steps", "65"], "64"),
     (["--steps", "40", "--pages", "2"], "page"),
     (["--vcd", "w.vcd"], "--vcd needs --sim amaranth"),
+    (["--chip", "array=3"], "--chip 'array=3': ChipConfig array must be a power of two"),
+    (["--chip", "arary=8"], "unknown parameter 'arary'"),
+    (["--chip", "row_depth=16"], "limit of 16"),           # 32 steps, no window: a context of 32 > K 16
 ])
 def test_bad_input_gets_one_line_and_no_json(tmp_path, args, words):
     path = tmp_path / "never.json"
@@ -174,3 +177,20 @@ def test_check_option_puts_the_reference_beside_the_simulator(monkeypatch):
     decode.run_decode(decode.build_parser().parse_args(args), out=io.StringIO())
     with pytest.raises(SimError, match="differs from the reference: counter cyc_total"):
         decode.run_decode(decode.build_parser().parse_args(args + ["--check"]), out=io.StringIO())
+
+
+def test_a_wider_array_gives_the_same_integers_and_its_own_cycles(reference_runs, tmp_path):
+    # matmul tiling only reorders independent tiles: tokens and integer logits are the book's exactly;
+    # MM instructions and cycles are the 8x8 chip's own
+    book = reference_runs[4]
+    wide = _decode(tmp_path, "--window", "4", "--sim", "reference", "--chip", "array=8")
+    assert book["chip"] == "book" and wide["chip"] == "array=8"
+    assert wide["tokens"] == book["tokens"] == RULE * 2 + [0]
+    assert [r["logits_int"] for r in wide["records"]] == [r["logits_int"] for r in book["records"]]
+    for b, w in zip(book["records"], wide["records"]):
+        cb, cw = b["counters"], w["counters"]
+        assert cw[2:4] == cb[2:4]                       # DMA and vector units: untouched
+        assert cw[1] < cb[1] and cw[4] < cb[4]          # fewer MM instructions, fewer MM cycles
+        # total = 2 per instruction (FETCH, ISSUE) + the units' busy cycles + 2 for HALT
+        assert cw[0] - cb[0] == (cw[1] - cb[1]) + 2 * (cw[4] - cb[4])
+    assert wide["cycles_total"] < book["cycles_total"] == TOTALS[4]

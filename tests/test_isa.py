@@ -177,3 +177,58 @@ def test_quant_helpers():
     assert argmax_first([3, 9, 9, 1]) == 1
     assert argmax_first([0xFFFFFFFF, 0]) == 1                # -1 < 0 as signed words
     assert unpack_word(0x3F2970E5) == [5, -2, 0, 7, -7, 2, -1, 3]
+
+
+# ---- the limits come from the chip's configuration (issue 12) ---------------------------------------
+
+def test_module_limits_are_the_book_chips():
+    from hdl import isa
+    from hdl.config import BOOK
+    assert (isa.SPAD_WORDS, isa.ROM_WORDS, isa.MM_MAX_MN, isa.MM_MAX_K) == (4096, 256, 4, 64)
+    assert (isa.SPAD_WORDS, isa.ROM_WORDS, isa.MM_MAX_MN, isa.MM_MAX_K) == \
+        (BOOK.spad_depth, BOOK.rom_words, BOOK.mm_max_mn, BOOK.mm_max_k)
+
+
+def test_validate_reads_every_limit_from_the_configuration():
+    from hdl.config import parse_chip
+    big, small = parse_chip("array=8,row_depth=128"), parse_chip("spad_depth=2048,rom_words=16")
+    wide = mm(0, 100, 200, M=8, K=5, N=8)
+    with pytest.raises(IsaError, match=r"M = 8 is outside 1\.\.4"):
+        validate(wide)
+    assert validate(wide, cfg=big)["M"] == 8
+    with pytest.raises(IsaError, match=r"M = 9 is outside 1\.\.8"):
+        validate(mm(0, 100, 200, M=9, K=5, N=8), cfg=big)
+    deep = mm(0, 0, 1000, M=1, K=100, N=1)
+    with pytest.raises(IsaError, match=r"K = 100 is outside 1\.\.64"):
+        validate(deep)
+    assert validate(deep, cfg=big)["K"] == 100
+    long_ld = ld(0, 0, 4095)
+    assert validate(long_ld)["len"] == 4095
+    with pytest.raises(IsaError, match=r"len = 4095 is outside 1\.\.2047"):
+        validate(long_ld, cfg=small)
+    with pytest.raises(IsaError, match=r"dst = 2040 with length 10 runs past the end of the scratchpad \(2048"):
+        validate(ld(2040, 0, 10), cfg=small)
+    with pytest.raises(IsaError, match=r"A = 3000 is past the scratchpad \(2048 words\)"):
+        validate(mm(0, 3000, 0, 1, 1, 1), cfg=small)
+    assert validate(ld(4000, 0, 10))["dst"] == 4000
+    with pytest.raises(IsaError, match="ROM holds 16"):
+        validate_program([ld(0, 0, 1)] * 16 + [halt()], cfg=small)
+    validate_program([ld(0, 0, 1)] * 15 + [halt()], cfg=small)
+    # the external memory defaults to the chip's
+    with pytest.raises(IsaError, match=r"external memory \(1000 words\)"):
+        validate(ld(0, 999, 2), cfg=parse_chip("ext_words=1000"))
+
+
+def test_busy_cycles_take_the_configuration():
+    from hdl.config import parse_chip
+    ins = mm(0, 100, 200, M=8, K=5, N=8)
+    assert busy_cycles(ins, 8, parse_chip("array=8")) == 8 * 5 + 5 * 8 + (5 + 8 + 8 - 2) + 8 * 8 + 7
+    assert busy_cycles(mm(0, 100, 200, 4, 64, 4)) == 4 * 64 + 64 * 4 + 70 + 16 + 7
+
+
+def test_every_opcode_but_halt_has_one_counter_class():
+    from hdl.isa import COUNTER_INDEX, COUNTER_OF
+    assert set(COUNTER_OF) == set(Op) - {Op.HALT}
+    assert COUNTER_OF[Op.MM] == "mm" and COUNTER_OF[Op.LD] == COUNTER_OF[Op.ST] == "dma"
+    assert {COUNTER_OF[op] for op in (Op.RQ, Op.SM, Op.VADD, Op.AMAX, Op.UNPACK)} == {"vec"}
+    assert COUNTER_INDEX == {"mm": 1, "dma": 2, "vec": 3}       # [total, mm, dma, vec, instructions]

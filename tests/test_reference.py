@@ -305,3 +305,48 @@ def test_first_difference_checks_lengths_before_words():
     worse = changed(counters=[a.counters[0] + 1, *a.counters[1:]], ext=[1] + a.ext[1:])
     assert first_difference(a, worse).startswith("counter cyc_total:")
     assert first_difference(a, changed(ext=[1] + a.ext[1:], scratchpad=None)).startswith("external word 0:")
+
+
+# ---- the chip's configuration (issue 12) -----------------------------------------------------------
+
+def test_counters_wrap_at_the_configured_width():
+    from hdl.config import parse_chip
+    prog = [ld(0, 0, 4095)] * 17 + [halt()]           # 17 x 4106 + 2 = 69,804 cycles: past 2^16
+    img = [0] * 8192
+    wide = ReferenceMachine().run(prog, img).counters
+    narrow = ReferenceMachine(config=parse_chip("counter_bits=16")).run(prog, img).counters
+    assert wide[0] == 17 * (2 + 4095 + 8 + 1) + 2 == 69804
+    assert narrow == [c & 0xFFFF for c in wide] and narrow[0] == 69804 - 65536
+
+
+def test_scratchpad_depth_and_rom_come_from_the_configuration():
+    from hdl.config import parse_chip
+    small = ReferenceMachine(config=parse_chip("spad_depth=1024,rom_words=16"))
+    img = image({0: list(range(1, 101))})
+    r = small.run([ld(1000, 0, 20), halt()], img)
+    assert len(r.scratchpad) == 1024 and r.scratchpad[1000:1020] == list(range(1, 21))
+    with pytest.raises(IllegalInstruction, match=r"runs past the end of the scratchpad \(1024 words\)"):
+        small.run([ld(1000, 0, 30), halt()], img)
+    # unchecked, the address wraps at the configured depth (10 bits), as the chip's would
+    r = ReferenceMachine(check=False, config=parse_chip("spad_depth=1024")).run([ld(1000, 0, 30), halt()], img)
+    assert r.scratchpad[1000:1024] == list(range(1, 25)) and r.scratchpad[0:6] == list(range(25, 31))
+    with pytest.raises(BadInput, match="ROM holds 16"):
+        small.run([ld(0, 0, 1)] * 16 + [halt()], img)
+    with pytest.raises(BadInput, match="ChipConfig"):
+        ReferenceMachine(config="array=8")
+
+
+def test_a_wider_array_runs_wider_tiles_with_its_own_cycle_model():
+    from hdl.config import parse_chip
+    from hdl.isa import busy_cycles
+    cfg = parse_chip("array=8")
+    rng = np.random.default_rng(12)
+    A = rng.integers(-128, 128, size=(8, 5))
+    B = rng.integers(-128, 128, size=(5, 8))
+    img = image({0: [int(v) for v in A.flatten()], 100: [int(v) for v in B.flatten()]})
+    prog = [ld(0, 0, 40), ld(100, 100, 40), mm(200, 0, 100, M=8, K=5, N=8, ldb=8), st(200, 300, 64), halt()]
+    with pytest.raises(IllegalInstruction, match=r"M = 8 is outside 1\.\.4"):
+        ReferenceMachine().run(prog, img)
+    r = ReferenceMachine(config=cfg).run(prog, img)
+    assert [signed(w) for w in r.ext[300:364]] == [int(v) for v in (A @ B).flatten()]
+    assert r.counters[1] == busy_cycles(prog[2], 8, cfg) == 8 * 5 + 5 * 8 + 19 + 64 + 7
