@@ -332,3 +332,22 @@ def test_decode_command_refuses_before_building_a_simulator_or_calibrating(tmp_p
     assert capsys.readouterr().err == ("error: out of pages: step 29 needs 8 pages of 4 rows and the pool has 7 "
                                        "(32 steps with window none need 8)\n")
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_context_limit_and_the_programs_follow_the_configuration():
+    # the limit is the chip's matrix K: 64 on the book's chip, 16 on a chip with 16-deep operand memories
+    from hdl.config import BOOK, parse_chip
+    from host.paged import MAX_CONTEXT, check_decode, max_context
+    from sim.reference import ReferenceMachine
+    small = parse_chip("row_depth=16")
+    assert MAX_CONTEXT == max_context(BOOK) == 64 and max_context(small) == 16
+    check_decode(17, None, 4, 64)
+    with pytest.raises(HostError, match="exceeds the chip's limit of 16"):
+        check_decode(17, None, 4, 64, config=small)
+    check_decode(17, 16, 4, 64, config=small)               # a window of 16 keeps every context within K
+    with pytest.raises(HostError, match="exceeds the chip's limit of 16"):
+        PagedChip(T.make_model("structured", 1), 17, None, config=small)
+    wide = parse_chip("array=8")
+    chip = PagedChip(T.make_model("structured", 1), 3, None, backend=ReferenceMachine(config=wide), config=wide)
+    toks, _ = chip.generate(0, 3)
+    assert toks == [0, 3, 2, 13] and {P.config for P in chip.progs.values()} == {wide}
