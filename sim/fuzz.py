@@ -119,7 +119,7 @@ def reproduce_command(sim: str, seed: int, index: int, ext: int, lat: int, budge
 
 
 def fuzz(backend, reference, count: int, seed: int, ext: int | None = None, lat: int | None = None,
-         out=sys.stdout, *, first: int = 0, budget: int = MAX_CYCLES, configs=None, chunk: int = 100,
+         out=None, *, first: int = 0, budget: int = MAX_CYCLES, configs=None, chunk: int = 100,
          progress=None) -> dict:
     """Compare programs first .. first+count-1 of the mix of `seed` on `reference` and `backend`.
 
@@ -133,6 +133,7 @@ def fuzz(backend, reference, count: int, seed: int, ext: int | None = None, lat:
     backend_s, configs ({(EXT, LAT): programs}).
     """
     from sim.progen import fuzz_case
+    out = sys.stdout if out is None else out    # the stdout of the call, not the one at import
     pairs = mix_configs(ext, lat, configs)
     sim = getattr(backend, "name", "?")
     summary = {"count": count, "failures": 0, "failed": [], "cycles": 0, "reference_s": 0.0,
