@@ -176,6 +176,9 @@ class GA2(wiring.Component):
                                     done.eq(unit.done)]
                     if op != Op.AMAX:
                         port.d.comb += [sp.waddr.eq(unit.wa), sp.wdata.eq(unit.wd)]
+                    if op == Op.MM and cfg.mm_load > 1:
+                        # the scratchpad's other read ports serve only MM's operand staging
+                        port.d.comb += [sp.raddr_x.eq(unit.ra_x), unit.sp_rd_x.eq(sp.rdata_x)]
 
         # ---- sequencer (spec 2.2) ----
         with m.Switch(st):

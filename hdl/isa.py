@@ -324,6 +324,24 @@ def _mm_busy_cycles(M: int, K: int, N: int, cfg: ChipConfig = BOOK) -> int:
     return M * K + K * N + (K + M + N - 2) + M * N + 7
 
 
+def mm_busy_cycles(M: int, K: int, N: int, cfg: ChipConfig) -> int:
+    """WAIT cycles B of one MM of M x K times K x N on the chip `cfg` (the timing contract of
+    hdl/unit_mm.py).
+
+    With L = ``cfg.mm_load`` operand elements staged per cycle::
+
+        B = M*ceil(K/L) + K*ceil(N/L) + (K+M+N-2) + M*N + 7
+
+    (the book's chip, L = 1: M*K + K*N + (K+M+N-2) + M*N + 7). A is staged L elements of one row a
+    cycle, B L columns of one k a cycle; a row's or a k's last group may be partial. The array's size
+    does not enter. No alignment is needed: bases, strides and tb are free as for L = 1 (the unit reads
+    the L words of a group through L scratchpad read ports, each element being its own word).
+    """
+    groups_k = -(-K // cfg.mm_load)
+    groups_n = -(-N // cfg.mm_load)
+    return M * groups_k + K * groups_n + (K + M + N - 2) + M * N + 7
+
+
 def busy_cycles(ins, lat: int = 8, cfg: ChipConfig = BOOK) -> int:
     """WAIT cycles B of one legal instruction on the chip `cfg`; the instruction costs 2 + B cycles in
     all (HALT: 2). Only the MM unit's time depends on the configuration."""

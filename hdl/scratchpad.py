@@ -4,7 +4,7 @@ The address presented in cycle c is sampled at the end of c and its data is visi
 the same address at that edge is not seen (the old word comes out). The read register has no enable.
 """
 from amaranth.hdl import Module
-from amaranth.lib import wiring
+from amaranth.lib import data, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
@@ -23,6 +23,9 @@ class Scratchpad(wiring.Component):
         Number of words, a power of two (default ``config.spad_depth``). Addresses are log2(depth) bits.
     width : int, optional
         Bits per word, at least 1 (default ``config.word_bits``).
+    reads : int, optional
+        Read ports, at least 1 (default ``config.mm_load``: the MM unit stages that many operand
+        elements a cycle, one a port). Port 0 is ``raddr``/``rdata``, the others ``raddr_x``/``rdata_x``.
     config : hdl.config.ChipConfig
         The chip whose scratchpad this is (keyword only; the book's chip by default).
 
@@ -36,6 +39,8 @@ class Scratchpad(wiring.Component):
         Write enable.
     waddr : In(log2(depth))
     wdata : In(width)
+    raddr_x, rdata_x : In(ArrayLayout(log2(depth), reads-1)), Out(ArrayLayout(width, reads-1))
+        Read ports 1 .. reads-1, each like port 0; only when `reads` > 1.
 
     Attributes
     ----------
@@ -48,19 +53,25 @@ class Scratchpad(wiring.Component):
         If `depth` is not an integer power of two of at least 2 or `width` not a positive integer.
     """
 
-    def __init__(self, depth=None, width=None, *, config=BOOK):
+    def __init__(self, depth=None, width=None, reads=None, *, config=BOOK):
         depth = config.spad_depth if depth is None else depth
         width = config.word_bits if width is None else width
+        reads = config.mm_load if reads is None else reads
         aw = check_pow2(self, "depth", depth)
         check_int(self, "width", width, 1)
-        self._depth, self._width = depth, width
-        super().__init__({
+        check_int(self, "reads", reads, 1)
+        self._depth, self._width, self._reads = depth, width, reads
+        ports = {
             "raddr": In(aw),
             "rdata": Out(width),
             "we":    In(1),
             "waddr": In(aw),
             "wdata": In(width),
-        })
+        }
+        if reads > 1:
+            ports["raddr_x"] = In(data.ArrayLayout(aw, reads - 1))
+            ports["rdata_x"] = Out(data.ArrayLayout(width, reads - 1))
+        super().__init__(ports)
         self.memory = Memory(shape=width, depth=depth, init=[])
 
     @property
@@ -70,6 +81,10 @@ class Scratchpad(wiring.Component):
     @property
     def width(self):
         return self._width
+
+    @property
+    def reads(self):
+        return self._reads
 
     def elaborate(self, platform):
         m = Module()
@@ -87,4 +102,8 @@ class Scratchpad(wiring.Component):
             rd.addr.eq(self.raddr),
         ]
         m.d.comb += self.rdata.eq(rd.data)
+        for j in range(self._reads - 1):
+            rd_x = self.memory.read_port(domain="sync", transparent_for=())    # like port 0
+            ports_in.d.comb += rd_x.addr.eq(self.raddr_x[j])
+            m.d.comb += self.rdata_x[j].eq(rd_x.data)
         return m

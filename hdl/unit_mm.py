@@ -1,15 +1,29 @@
 """MM, the chip's matrix unit (hardware spec 4.7): C[m][n] = sum_k A[m][k] B[k][n] on an array x array
 systolic array (4 x 4 on the book's chip; ``config.array``).
 
-Timing: start is sampled at E0; then LA (M*K + 2 cycles) stages A, LB (K*N + 2) stages B, PRE (1) clears
-the array, RUN (K+M+N-2) streams the skewed operands, OUT (M*N) writes C m-major, FIN (1) ends, and the
-done pulse follows, so done is high in W_B with B = M*K + K*N + (K+M+N-2) + M*N + 7
-(``hdl.isa.mm_busy_cycles``). None of it depends on the array's size: RUN streams K+M+N-2 cycles of
-the instruction's M and N, and the rows and columns past them are fed zeros they never use.
+Timing contract (``hdl.isa.mm_busy_cycles``). With L = ``config.mm_load`` (1 on the book's chip): start
+is sampled at E0; then LA (M*ceil(K/L) + 2 cycles) stages A, LB (K*ceil(N/L) + 2) stages B, PRE (1)
+clears the array, RUN (K+M+N-2) streams the skewed operands, OUT (M*N) writes C m-major, FIN (1) ends,
+and the done pulse follows, so done is high in W_B with
+
+    B = M*ceil(K/L) + K*ceil(N/L) + (K+M+N-2) + M*N + 7      (L = 1: M*K + K*N + (K+M+N-2) + M*N + 7).
+
+Loading L elements a cycle: an MM operand element is the low byte of its own scratchpad word (spec 3.3:
+A[m][k] = s8(spad[A + m*lda + k])), so one word read brings one element whatever the packing of the
+other layers; the unit therefore reads L words a cycle through the scratchpad's L read ports (port j at
+``ptr + j*step``). LA reads L consecutive k of one row of A a cycle (step 1); LB reads L consecutive n of
+one k of B (step ``ldb`` when tb, else 1). A row's or a k's last group may be partial (then the
+addresses past it are read and dropped), so any M, K, N, strides and bases work and the time depends on
+M, K, N and L only. The operand memories hold L consecutive k per entry, so that one write stores a
+group of A; B's group of L columns goes to L lanes at one k.
+
+None of it depends on the array's size: RUN streams K+M+N-2 cycles of the instruction's M and N, and
+the rows and columns past them are fed zeros they never use.
 """
 from amaranth.hdl import Cat, Module, Mux, Signal, signed
 from amaranth.lib import data
 from amaranth.lib.memory import Memory
+from amaranth.lib.wiring import In, Out
 
 from hdl.isa import Op
 from hdl.systolic import SystolicArray
@@ -21,27 +35,44 @@ __all__ = ["MatrixUnit"]
 class MatrixUnit(SpadUnit):
     """The MM unit: stages A and B into operand memories, runs the array, writes C to the scratchpad.
 
-    The ports are `SpadUnit`'s. dst, A, B, lda, ldb, M, K, N, tb and ldc are latched at E0; ``ra`` is
-    the ``ptr`` register; only ``sp_rd[7:0]`` is used; the write port is active in OUT. All operands
-    are staged before any result is written, so the operand and result regions may overlap freely.
-    Results wrap at 32 bits.
+    The ports are `SpadUnit`'s, plus, when ``config.mm_load`` = L > 1, the scratchpad's other L-1 read
+    ports. dst, A, B, lda, ldb, M, K, N, tb and ldc are latched at E0; ``ra`` is the ``ptr`` register;
+    only bits 7:0 of the read data are used; the write port is active in OUT. All operands are staged
+    before any result is written, so the operand and result regions may overlap freely. Results wrap
+    at 32 bits.
+
+    Ports
+    -----
+    ra_x : Out(ArrayLayout(unsigned(spad_addr_bits), L - 1)), only when L > 1
+        Read address of scratchpad read port j+1: ``ptr + (j+1)*step``.
+    sp_rd_x : In(ArrayLayout(unsigned(word_bits), L - 1)), only when L > 1
+        The registered read data of those ports.
     """
 
     OP = Op.MM
+
+    def ports(self, cfg):
+        ports = super().ports(cfg)
+        if cfg.mm_load > 1:
+            ports["ra_x"] = Out(data.ArrayLayout(cfg.spad_addr_bits, cfg.mm_load - 1))
+            ports["sp_rd_x"] = In(data.ArrayLayout(cfg.word_bits, cfg.mm_load - 1))
+        return ports
 
     def elaborate(self, platform):
         m = Module()
 
         cfg = self.config
         n_arr = cfg.array           # the array is n_arr x n_arr; M and N are 1..n_arr
+        L = cfg.mm_load             # operand elements staged per cycle
+        lg_load = (L - 1).bit_length()
         m.submodules.array = array = SystolicArray(config=cfg)
-        # The n_arr A and the n_arr B operand memories (spec 5.2) as one memory of 2*n_arr int8 lanes:
-        # lane i at address k is A memory i at k, lane n_arr+i is B memory i at k. Each lane has its
-        # own write enable, and read port i serves A memory i and B memory i (both read at
-        # (t - i) mod row_depth), so they are the same memories; a simulator sees one write port per
-        # edge instead of 2*n_arr.
-        m.submodules.opmem = opmem = Memory(shape=data.ArrayLayout(signed(8), 2 * n_arr),
-                                            depth=cfg.row_depth, init=[])
+        # The n_arr A and the n_arr B operand memories (spec 5.2) as one memory of 2*n_arr int8 lanes
+        # of L elements: element (lane, s) at entry e holds k = e*L + s; lane i is A memory i, lane
+        # n_arr+i is B memory i. Each element has its own write enable, and read port i serves A
+        # memory i and B memory i (both read at k = (t - i) mod row_depth), so they are the same
+        # memories; a simulator sees one write port per edge instead of 2*n_arr.
+        m.submodules.opmem = opmem = Memory(shape=data.ArrayLayout(signed(8), 2 * n_arr * L),
+                                            depth=max(1, cfg.row_depth // L), init=[])
         wr = opmem.write_port(granularity=1)
         rd = [opmem.read_port(domain="comb") for _ in range(n_arr)]
 
@@ -69,6 +100,11 @@ class MatrixUnit(SpadUnit):
         k_d = Signal.like(ki)
 
         m.d.comb += self.ra.eq(ptr)
+        # The last group of a row of A (k) or of a k of B (n): with L = 1 the last element itself.
+        if L == 1:
+            last_k, last_n = ki == K - 1, ni == N - 1
+        else:
+            last_k, last_n = ki + L >= K, ni + L >= N
         self.done_pulse(m)
 
         # The combinational logic in submodules, so that a simulator re-evaluates each only when its own
@@ -79,21 +115,36 @@ class MatrixUnit(SpadUnit):
         m.submodules.feed = feed = Module()
         m.submodules.result = result = Module()
 
-        # Operand memories: written while staging, read at (t - i) mod row_depth while running.
-        staged = self.sp_rd[:8].as_signed()
-        for i in range(2 * n_arr):
-            stage_data.d.comb += wr.data[i].eq(staged)
-        stage.d.comb += wr.addr.eq(k_d)
-        for i in range(n_arr):
-            feed.d.comb += rd[i].addr.eq(t - i)
+        # Operand memories: written while staging, read at k = (t - i) mod row_depth while running.
+        # Word j of a group (read port j) carries element k_d + j of A's row, or column n_d + j of B's
+        # k; n_d is a multiple of L, so B lane i always takes word i mod L.
+        words = [self.sp_rd] + ([self.sp_rd_x[j] for j in range(L - 1)] if L > 1 else [])
+        staged = [w[:8].as_signed() for w in words]
+        for lane in range(2 * n_arr):
+            for sub in range(L):
+                word = sub if lane < n_arr else (lane - n_arr) % L
+                stage_data.d.comb += wr.data[lane * L + sub].eq(staged[word])
+        stage.d.comb += wr.addr.eq(k_d >> lg_load)
+        if L == 1:
+            for i in range(n_arr):
+                feed.d.comb += rd[i].addr.eq(t - i)
+            fed = [(rd[i].data[i], rd[i].data[n_arr + i]) for i in range(n_arr)]
+        else:
+            fed = []
+            for i in range(n_arr):
+                k_i = Signal(range(cfg.row_depth), name=f"k_feed{i}")
+                feed.d.comb += [k_i.eq(t - i), rd[i].addr.eq(k_i >> lg_load)]
+                sub = k_i[:lg_load]
+                fed.append((rd[i].data.as_value().word_select(i * L + sub, 8).as_signed(),
+                            rd[i].data.as_value().word_select((n_arr + i) * L + sub, 8).as_signed()))
 
         # Skewed feed: row i gets A[i][t-i] and column i gets B[t-i][i] while they exist, else 0.
         running = Signal()
         for i in range(n_arr):
             in_k = (t < K) if i == 0 else (t >= i) & (t - i < K)
             feed.d.comb += [
-                array.a_edge[i].eq(Mux(running & (i < M) & in_k, rd[i].data[i], 0)),
-                array.b_edge[i].eq(Mux(running & (i < N) & in_k, rd[i].data[n_arr + i], 0)),
+                array.a_edge[i].eq(Mux(running & (i < M) & in_k, fed[i][0], 0)),
+                array.b_edge[i].eq(Mux(running & (i < N) & in_k, fed[i][1], 0)),
             ]
 
         # PE(m, n)'s accumulator is c[m * n_arr + n]: the low log2(n_arr) bits of each counter.
@@ -119,14 +170,14 @@ class MatrixUnit(SpadUnit):
                 # A, m major and k minor; row m goes to A memory m.
                 m.d.sync += [v.eq(iss), m_d.eq(mi), k_d.eq(ki)]
                 with m.If(iss):
-                    with m.If(ki == K - 1):
+                    with m.If(last_k):
                         m.d.sync += ki.eq(0)
                         with m.If(mi == M - 1):
                             m.d.sync += iss.eq(0)
                         with m.Else():
                             m.d.sync += [mi.eq(mi + 1), rowbase.eq(rowbase + lda), ptr.eq(rowbase + lda)]
                     with m.Else():
-                        m.d.sync += [ki.eq(ki + 1), ptr.eq(ptr + 1)]
+                        m.d.sync += [ki.eq(ki + L), ptr.eq(ptr + L)]
                 with m.Elif(~v):
                     m.d.sync += [iss.eq(1), ki.eq(0), ni.eq(0), ptr.eq(b_base), rowbase.eq(b_base)]
                     m.next = "LB"
@@ -135,7 +186,7 @@ class MatrixUnit(SpadUnit):
                 # B, k major and n minor; element (k, n) goes to B memory n at address k.
                 m.d.sync += [v.eq(iss), n_d.eq(ni), k_d.eq(ki)]
                 with m.If(iss):
-                    with m.If(ni == N - 1):
+                    with m.If(last_n):
                         m.d.sync += ni.eq(0)
                         with m.If(ki == K - 1):
                             m.d.sync += iss.eq(0)
@@ -143,7 +194,7 @@ class MatrixUnit(SpadUnit):
                             step = Mux(tb, 1, ldb)
                             m.d.sync += [ki.eq(ki + 1), rowbase.eq(rowbase + step), ptr.eq(rowbase + step)]
                     with m.Else():
-                        m.d.sync += [ni.eq(ni + 1), ptr.eq(ptr + Mux(tb, ldb, 1))]
+                        m.d.sync += [ni.eq(ni + L), ptr.eq(ptr + (Mux(tb, ldb, 1) << lg_load))]
                 with m.Elif(~v):
                     m.next = "PRE"
 
@@ -175,10 +226,22 @@ class MatrixUnit(SpadUnit):
                 m.next = "IDLE"
 
         # Row m of A goes to A memory m, element (k, n) of B to B memory n, both at address k.
-        stage.d.comb += wr.en.eq(Cat(
-            Cat(fsm.ongoing("LA") & v & (m_d == i) for i in range(n_arr)),
-            Cat(fsm.ongoing("LB") & v & (n_d == i) for i in range(n_arr)),
-        ))
+        if L == 1:
+            stage.d.comb += wr.en.eq(Cat(
+                Cat(fsm.ongoing("LA") & v & (m_d == i) for i in range(n_arr)),
+                Cat(fsm.ongoing("LB") & v & (n_d == i) for i in range(n_arr)),
+            ))
+        else:
+            # A group of A writes the elements k_d .. k_d+L-1 (those below K) of lane m_d; a group of
+            # B writes element k_d mod L of lanes n_d .. n_d+L-1 (n_d a multiple of L).
+            stage.d.comb += wr.en.eq(Cat(
+                Cat(fsm.ongoing("LA") & v & (m_d == i) & (k_d + s < K) for i in range(n_arr) for s in range(L)),
+                Cat(fsm.ongoing("LB") & v & (n_d == i // L * L) & (k_d[:lg_load] == s)
+                    for i in range(n_arr) for s in range(L)),
+            ))
+            # Read port j+1 reads element j+1 of the group: step 1 along A's row, B's n step otherwise.
+            step_x = Mux(fsm.ongoing("LB") & tb, ldb, 1)
+            stage.d.comb += [self.ra_x[j].eq(ptr + (j + 1) * step_x) for j in range(L - 1)]
         feed.d.comb += running.eq(fsm.ongoing("RUN"))
         result.d.comb += self.we.eq(fsm.ongoing("OUT"))
 

@@ -8,7 +8,8 @@ import random
 import pytest
 
 from hdl.arith import s8, s32, u32
-from hdl.isa import mm, operands
+from hdl.config import BOOK, ChipConfig
+from hdl.isa import mm, mm_busy_cycles, operands
 from hdl.unit_mm import MatrixUnit
 from tests.unitbench import SPAD_DEPTH, nonzero_words, simulate
 
@@ -55,7 +56,7 @@ def random_mm(rng, M, K, N, tb):
     return mm(dst, a, b, M, K, N, lda=lda, ldb=ldb, ldc=ldc, tb=tb).word
 
 
-def run_cases(words, *, seed, trace=False, **issue_options):
+def run_cases(words, *, seed, trace=False, config=BOOK, **issue_options):
     """Run the MM words back to back on one scratchpad, checking the whole scratchpad after each;
     return [(word, B, trace, model writes)]."""
     rng = random.Random(seed)
@@ -76,7 +77,7 @@ def run_cases(words, *, seed, trace=False, **issue_options):
             results.append((word, b, cycles, writes))
         return results
 
-    return simulate(MatrixUnit(), bench_fn)
+    return simulate(MatrixUnit(config=config), bench_fn)
 
 
 # R4 of the hardware spec: single-MM busy times.
@@ -173,3 +174,28 @@ def test_zero_dimension_hangs():
             bench.check_against(ctx, background, word)
             return b
         assert simulate(MatrixUnit(), bench_fn) is None
+
+
+def test_book_busy_cycles_is_the_spec_formula():
+    """hdl.isa.mm_busy_cycles on the book's chip is spec 4.7's B for every legal shape."""
+    for M in range(1, 5):
+        for N in range(1, 5):
+            for K in range(1, 65):
+                assert mm_busy_cycles(M, K, N, BOOK) == busy_time(M, K, N)
+
+
+@pytest.mark.parametrize("spec", [dict(array=8, mm_load=4), dict(array=8), dict(mm_load=2)])
+def test_other_chips_match_golden_and_cycle_model(spec):
+    """Random MMs (M, N up to the array, both tb, random bases, strides and overlaps, K around the
+    group sizes) on the unit of another chip: the whole scratchpad is the golden matmul's and B is
+    hdl.isa.mm_busy_cycles exactly."""
+    cfg = ChipConfig(**spec)
+    rng = random.Random(cfg.key())
+    n = cfg.array
+    shapes = [(n, 64, n, 1), (1, 1, 1, 0), (n, 5, n - 1, 0), (n - 1, 4, n, 1), (3, 3, 5 % n + 1, 0)]
+    shapes += [(rng.randint(1, n), rng.choice([1, 2, 3, 4, 5, 7, 8, 9, rng.randint(1, 24)]),
+                rng.randint(1, n), rng.randrange(2)) for _ in range(12)]
+    words = [random_mm(rng, M, K, N, tb) for M, K, N, tb in shapes]
+    results = run_cases(words, seed=len(spec), config=cfg)
+    for (M, K, N, tb), (_, b, _, _) in zip(shapes, results):
+        assert b == mm_busy_cycles(M, K, N, cfg), (M, K, N, tb, b)

@@ -39,7 +39,8 @@ class UnitBench(Elaboratable):
 
     def __init__(self, unit):
         self.unit = unit
-        self.scratchpad = Scratchpad(depth=SPAD_DEPTH, width=32)
+        # the unit's chip's scratchpad (with as many read ports as its MM unit uses)
+        self.scratchpad = Scratchpad(depth=SPAD_DEPTH, width=32, config=unit.config)
 
     def elaborate(self, platform):
         m = Module()
@@ -52,6 +53,8 @@ class UnitBench(Elaboratable):
             sp.wdata.eq(u.wd),
             u.sp_rd.eq(sp.rdata),
         ]
+        if hasattr(u, "ra_x"):
+            m.d.comb += [sp.raddr_x.eq(u.ra_x), u.sp_rd_x.eq(sp.rdata_x)]
         return m
 
     # ---- testbench helpers (call from inside an async testbench) ----------------------------------
