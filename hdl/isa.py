@@ -20,7 +20,7 @@ from hdl.config import BOOK, ChipConfig
 __all__ = [
     "Op", "FIELDS", "HW_OPERANDS", "SPAD_WORDS", "ROM_WORDS", "MM_MAX_MN", "MM_MAX_K", "COUNTER_OF",
     "COUNTER_INDEX", "IsaError", "Instr",
-    "encode", "decode", "operands", "validate", "validate_program", "busy_cycles",
+    "encode", "decode", "operands", "validate", "validate_program", "busy_cycles", "mm_busy_cycles",
     "ld", "st", "mm", "rq", "sm", "vadd", "amax", "unpack", "halt",
     "to_words32", "from_words32", "describe",
 ]
@@ -318,12 +318,6 @@ def validate_program(words, ext_words: int | None = None, cfg: ChipConfig = BOOK
 
 # ---- the per-instruction cycle model (hardware spec 4.9) -----------------------------------------
 
-def _mm_busy_cycles(M: int, K: int, N: int, cfg: ChipConfig = BOOK) -> int:
-    """Stand-in for ``mm_busy_cycles`` until the MM unit's own model is here: the book's MM timing,
-    which loads one operand element a cycle whatever the configuration."""
-    return M * K + K * N + (K + M + N - 2) + M * N + 7
-
-
 def mm_busy_cycles(M: int, K: int, N: int, cfg: ChipConfig) -> int:
     """WAIT cycles B of one MM of M x K times K x N on the chip `cfg` (the timing contract of
     hdl/unit_mm.py).
@@ -350,7 +344,7 @@ def busy_cycles(ins, lat: int = 8, cfg: ChipConfig = BOOK) -> int:
     if op == Op.HALT:
         return 0
     if op == Op.MM:
-        return _mm_busy_cycles(o["M"], o["K"], o["N"], cfg)
+        return mm_busy_cycles(o["M"], o["K"], o["N"], cfg)
     n = o["len"]
     return {Op.LD: n + lat + 1, Op.ST: n + 2, Op.RQ: n + 2, Op.SM: 3 * n + 47,
             Op.VADD: 2 * n + 2, Op.AMAX: n + 3, Op.UNPACK: 10 * n + 1}[Op(op)]

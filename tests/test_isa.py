@@ -224,6 +224,8 @@ def test_busy_cycles_take_the_configuration():
     ins = mm(0, 100, 200, M=8, K=5, N=8)
     assert busy_cycles(ins, 8, parse_chip("array=8")) == 8 * 5 + 5 * 8 + (5 + 8 + 8 - 2) + 8 * 8 + 7
     assert busy_cycles(mm(0, 100, 200, 4, 64, 4)) == 4 * 64 + 64 * 4 + 70 + 16 + 7
+    # four operand elements a cycle: A's 5-long rows in 2 groups, B's 8-wide rows in 2 (hdl.isa.mm_busy_cycles)
+    assert busy_cycles(ins, 8, parse_chip("array=8,mm_load=4")) == 8 * 2 + 5 * 2 + (5 + 8 + 8 - 2) + 8 * 8 + 7
 
 
 def test_every_opcode_but_halt_has_one_counter_class():
