@@ -237,6 +237,16 @@ def validate(ins, ext_words: int | None = None, index: int | None = None, cfg: C
     def ext_region(where, name, start, n):
         _region(where, name, start, n, ext_words, "external memory")
 
+    def spad_address(where, label, value, op, operand):
+        # a base address must name a scratchpad word AND fit the bits the hardware reads of its field
+        # (HW_OPERANDS): on a scratchpad deeper than those bits reach, the field is the tighter limit
+        hi, lo = HW_OPERANDS[op][operand]
+        if value >= spad_words:
+            raise IsaError(f"{where}: {label} = {value} is past the scratchpad ({spad_words} words)")
+        if value >= 1 << (hi - lo + 1):
+            raise IsaError(f"{where}: {label} = {value} does not fit the {hi - lo + 1} bits the hardware "
+                           f"reads of it")
+
     word = encode(ins) if isinstance(ins, Instr) else ins
     if not isinstance(word, int) or not 0 <= word < (1 << 128):
         raise IsaError(f"instruction {index}: word {word!r} is not a 128-bit unsigned integer")
@@ -257,9 +267,8 @@ def validate(ins, ext_words: int | None = None, index: int | None = None, cfg: C
                 raise IsaError(f"{where}: {k} = {o[k]} is outside 1..{lim}")
         # fields wider than what the hardware reads would be silently truncated: refuse them
         for fname in ("a", "b", "c", "x"):
-            if getattr(g, fname) >= spad_words:
-                raise IsaError(f"{where}: {OPERANDS[Op.MM][fname]} = {getattr(g, fname)} "
-                               f"is past the scratchpad ({spad_words} words)")
+            operand = OPERANDS[Op.MM][fname]
+            spad_address(where, operand, getattr(g, fname), Op.MM, operand)
         if g.f > 15 or g.g > 127 or g.h > 15:
             raise IsaError(f"{where}: M/K/N field carries bits the hardware ignores")
         M, K, N = o["M"], o["K"], o["N"]
@@ -271,26 +280,24 @@ def validate(ins, ext_words: int | None = None, index: int | None = None, cfg: C
     n = o["len"]
     len_field = "d" if op == Op.VADD else "c"
     raw_len = getattr(g, len_field)
-    limit = spad_words if op == Op.VADD else cfg.max_len
+    hi, lo = HW_OPERANDS[Op(op)]["len"]
+    limit = min(spad_words if op == Op.VADD else cfg.max_len, (1 << (hi - lo + 1)) - 1)
     if raw_len == 0:
         raise IsaError(f"{where}: len = 0 (a zero length never finishes)")
     if raw_len > limit:
         raise IsaError(f"{where}: len = {raw_len} is outside 1..{limit}")
     if op == Op.LD:
-        if g.a >= spad_words:
-            raise IsaError(f"{where}: dst = {g.a} is past the scratchpad ({spad_words} words)")
+        spad_address(where, "dst", g.a, Op.LD, "dst")
         spad_region(where, "dst", o["dst"], n)
         ext_region(where, "src", o["src"], n)
     elif op == Op.ST:
-        if g.a >= spad_words:
-            raise IsaError(f"{where}: src = {g.a} is past the scratchpad ({spad_words} words)")
+        spad_address(where, "src", g.a, Op.ST, "src")
         spad_region(where, "src", o["src"], n)
         ext_region(where, "dst", o["dst"], n)
     else:
         names = [OPERANDS[Op(op)][f] for f in ("a", "b", "c") if OPERANDS[Op(op)][f] != "len"]
         for fname, oname in zip(("a", "b", "c"), names):
-            if getattr(g, fname) >= spad_words:
-                raise IsaError(f"{where}: {oname} = {getattr(g, fname)} is past the scratchpad ({spad_words} words)")
+            spad_address(where, oname, getattr(g, fname), Op(op), oname)
         out_n = 8 * n if op == Op.UNPACK else (1 if op == Op.AMAX else n)
         spad_region(where, "dst", o["dst"], out_n)
         if op == Op.VADD:

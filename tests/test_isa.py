@@ -234,3 +234,20 @@ def test_every_opcode_but_halt_has_one_counter_class():
     assert COUNTER_OF[Op.MM] == "mm" and COUNTER_OF[Op.LD] == COUNTER_OF[Op.ST] == "dma"
     assert {COUNTER_OF[op] for op in (Op.RQ, Op.SM, Op.VADD, Op.AMAX, Op.UNPACK)} == {"vec"}
     assert COUNTER_INDEX == {"mm": 1, "dma": 2, "vec": 3}       # [total, mm, dma, vec, instructions]
+
+
+def test_a_deeper_scratchpad_is_limited_by_the_bits_the_hardware_reads():
+    # 8192 words: regions may run past word 4095, but a base address field is read with 12 bits and
+    # LD/ST/RQ/SM/AMAX/UNPACK lengths with 12 (VADD's with 16)
+    from hdl.config import parse_chip
+    deep = parse_chip("spad_depth=8192")
+    assert validate(ld(4000, 0, 1000), ext_words=8192, cfg=deep)["dst"] == 4000
+    with pytest.raises(IsaError, match=r"dst = 5000 does not fit the 12 bits the hardware reads"):
+        validate(ld(5000, 0, 10), cfg=deep)
+    with pytest.raises(IsaError, match=r"A = 4096 does not fit the 12 bits"):
+        validate(mm(0, 4096, 0, 1, 1, 1), cfg=deep)
+    with pytest.raises(IsaError, match=r"len = 5000 is outside 1\.\.4095"):
+        validate(rq(0, 100, 5000, 1 << 23, 23), cfg=deep)
+    assert validate(vadd(0, 100, 200, 5000), cfg=deep)["len"] == 5000
+    with pytest.raises(IsaError, match=r"len = 5000 is outside 1\.\.4096"):
+        validate(vadd(0, 100, 200, 5000))
