@@ -262,15 +262,17 @@ def validate(ins, ext_words: int | None = None, index: int | None = None, cfg: C
     if op == Op.HALT:
         return o
     if op == Op.MM:
-        for k, lim in (("M", max_mn), ("K", max_k), ("N", max_mn)):
+        for k, fname, lim in (("M", "f", max_mn), ("K", "g", max_k), ("N", "h", max_mn)):
+            hi, lo = HW_OPERANDS[Op.MM][k]
+            if getattr(g, fname) >= 1 << (hi - lo + 1):     # e.g. N = 16 on a 16 x 16 array: N reads 4 bits
+                raise IsaError(f"{where}: {k} = {getattr(g, fname)} does not fit the {hi - lo + 1} bits the "
+                               f"hardware reads of it")
             if not 1 <= o[k] <= lim:
                 raise IsaError(f"{where}: {k} = {o[k]} is outside 1..{lim}")
         # fields wider than what the hardware reads would be silently truncated: refuse them
         for fname in ("a", "b", "c", "x"):
             operand = OPERANDS[Op.MM][fname]
             spad_address(where, operand, getattr(g, fname), Op.MM, operand)
-        if g.f > 15 or g.g > 127 or g.h > 15:
-            raise IsaError(f"{where}: M/K/N field carries bits the hardware ignores")
         M, K, N = o["M"], o["K"], o["N"]
         spad_region(where, "dst", o["dst"], (M - 1) * o["ldc"] + N)
         spad_region(where, "A", o["A"], (M - 1) * o["lda"] + K)

@@ -55,6 +55,8 @@ def test_operands_read_only_the_hardware_bits():
     (mm(0, 0, 0, M=0, K=1, N=1), "M = 0"),
     (mm(0, 0, 0, M=1, K=65, N=1), "K = 65"),
     (mm(0, 0, 0, M=1, K=1, N=5), "N = 5"),
+    (mm(0, 0, 0, M=1, K=1, N=16), "N = 16 does not fit the 4 bits the hardware reads"),
+    (Instr(Op.MM, f=1, g=128, h=1), "K = 128 does not fit the 7 bits"),
     (mm(4095, 0, 0, M=2, K=1, N=1), "dst = 4095"),
     (mm(0, 0, 4000, M=1, K=64, N=4, ldb=4), "B = 4000"),
     (ld(0, 0, 0), "len = 0"),
