@@ -36,10 +36,13 @@ RESULT_HEAD = 9                 # halted, edges, five counters, run ns (two word
 
 # Verilator options. The emitted Verilog has no X values and gives every register and memory word an
 # initial value (zero unless stated), so the X options cannot change a result: "fast" lets Verilator
-# choose. OPT_FAST=-O2 for the model's hot code (-Os is make's default).
+# choose. OPT_FAST=-O2 for the model's hot code (-Os is make's default). The PyPI wheel's verilated.mk
+# leaves CFG_CXXFLAGS_PCH_I empty, so a model large enough to be split into several files (the chip
+# with an 8 x 8 array) hands its precompiled header to the compiler as an input file and fails to build:
+# the flag it lacks is given here.
 VERILATOR_FLAGS = ["--cc", "--exe", "--build", "-O3", "--x-assign", "fast", "--x-initial", "fast",
                    "--noassert", "-Wno-fatal", "-Wno-lint", "-Wno-style", "-Wno-UNOPTFLAT",
-                   "-MAKEFLAGS", "OPT_FAST=-O2 OPT_SLOW=-O1 OPT_GLOBAL=-O2"]
+                   "-MAKEFLAGS", "OPT_FAST=-O2 OPT_SLOW=-O1 OPT_GLOBAL=-O2 CFG_CXXFLAGS_PCH_I=-include"]
 
 _tool_cache: dict[str, tuple[list[str], str]] = {}
 
