@@ -277,27 +277,6 @@ def test_second_backend_reuses_the_chip_model(chip):
     assert again.builds == 0
 
 
-def other_chip_program(rng, cfg, ext=2048):
-    """A random program for chip `cfg` around its MM unit: LD random words (junk above bit 7), MMs of
-    random M, N up to the array and K up to 40 with random bases, strides, tb and overlaps of results
-    with operands, an RQ of one result, an ST of the result region, HALT."""
-    from hdl.isa import halt, ld, mm, rq, st
-    image = [rng.getrandbits(32) for _ in range(ext)]
-    words = [ld(0, rng.randrange(ext - 1024), 1024).word]
-    for _ in range(rng.randint(3, 6)):
-        M, N = rng.randint(1, cfg.array), rng.randint(1, cfg.array)
-        K, tb = rng.choice([1, 3, 4, 5, 8, rng.randint(1, 40)]), rng.randrange(2)
-        lda = K + rng.randrange(4)
-        ldb = (K if tb else N) + rng.randrange(4)
-        ldc = N + rng.randrange(3)
-        dst = rng.choice([1024 + rng.randrange(256), rng.randrange(600)])   # sometimes over operands
-        words.append(mm(dst, rng.randrange(600), rng.randrange(600), M, K, N,
-                        lda=lda, ldb=ldb, ldc=ldc, tb=tb).word)
-    words.append(rq(1500, 1024, 64, rng.randrange(1, 1 << 24), rng.randrange(8, 30), rng.randrange(2)).word)
-    words += [st(1024, 0, 600).word, st(0, 700, 600).word, halt().word]
-    return words, image
-
-
 def test_other_chip_matches_the_reference():
     """The chip with an 8 x 8 array staging 4 operand elements a cycle, as Verilog in Verilator, equals
     the reference machine of the same configuration (memory, scratchpad, counters) on random programs
@@ -305,6 +284,7 @@ def test_other_chip_matches_the_reference():
     from hdl.config import ChipConfig
     from hdl.isa import validate_program
     from sim.reference import ReferenceMachine
+    from tests.test_chip_amaranth import other_chip_program
     cfg = ChipConfig(array=8, mm_load=4)
     rng = random.Random(812)
     jobs = [other_chip_program(rng, cfg) for _ in range(8)]
