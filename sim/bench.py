@@ -141,8 +141,9 @@ def build_parser() -> Parser:
     p.add_argument("--steps", type=int_range(1, MAX_CONTEXT), default=32, metavar="N",
                    help=f"decode steps, 1..{MAX_CONTEXT} (at most the chip's matrix K without a window)")
     chip_option(p, help="the chip the decode is compiled for and every simulator runs")
-    p.add_argument("--lat", type=int_range(1, MAX_LAT), default=8, metavar="N",
-                   help=f"external read latency in cycles, 1..{MAX_LAT}")
+    p.add_argument("--lat", type=int_range(1, MAX_LAT), default=None, metavar="N",
+                   help=f"external read latency in cycles, 1..{MAX_LAT} (default: the chip's lat, 8 on the "
+                        f"book's chip)")
     p.add_argument("--sims", default=",".join(BACKENDS), metavar="A,B",
                    help=f"comma-separated simulators, some of {', '.join(BACKENDS)}")
     p.add_argument("--repeat", type=int_range(1, 100), default=3, metavar="N",
@@ -160,6 +161,8 @@ def main(argv=None) -> int:
     if bad or not sims:
         raise UsageError(f"--sims must list some of {', '.join(BACKENDS)}, got {a.sims!r}")
     wtext = "none" if a.window is None else str(a.window)
+    if a.lat is None:
+        a.lat = a.chip.lat
 
     what = None
     if not a.random:
@@ -169,8 +172,8 @@ def main(argv=None) -> int:
         except ImportError as e:
             print(f"(the decode is not available: {e}; using random programs)", file=sys.stderr)
     if what is None:
-        jobs = random_jobs(231_792, ext=8192, lat=a.lat, config=a.chip)
-        what = f"random programs (sim.progen, seed 1, EXT 8192)"
+        jobs = random_jobs(231_792, ext=a.chip.ext_words, lat=a.lat, config=a.chip)
+        what = f"random programs (sim.progen, seed 1, EXT {a.chip.ext_words})"
     exts = sorted({len(i) for _, i, _ in jobs})
     print(f"workload: {what}: {len(jobs)} programs, EXT {'/'.join(map(str, exts))}, LAT {a.lat}, "
           f"chip {a.chip.spec()}")
