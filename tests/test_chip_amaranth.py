@@ -177,6 +177,19 @@ def test_other_chip_matches_reference():
     assert diff is None, diff
 
 
+def test_harness_ports_follow_the_configuration():
+    """The harness, the chip and its scratchpad take their widths and sizes from the configuration."""
+    from amaranth.hdl import Fragment, Shape
+    from hdl.config import BOOK, ChipConfig
+    h = ChipHarness(config=ChipConfig(spad_depth=1024, counter_bits=48, lat=3))
+    Fragment.get(h, None)
+    assert h.spad_addr.shape().width == 10 and h.cyc_total.shape().width == 48
+    assert h.chip.scratchpad.depth == 1024 and h.ext.depth == BOOK.ext_words and h.extmem.lat == 3
+    from hdl.harness import HARNESS_SIGNATURE
+    book = HARNESS_SIGNATURE.members
+    assert Shape.cast(book["spad_addr"].shape).width == 12 and Shape.cast(book["cyc_mm"].shape).width == 32
+
+
 @pytest.mark.parametrize("lat", EXTREME_LATS)
 def test_every_latency_matches_reference(lat):
     program, image = short_program(random.Random(lat))

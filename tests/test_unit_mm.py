@@ -199,3 +199,17 @@ def test_other_chips_match_golden_and_cycle_model(spec):
     results = run_cases(words, seed=len(spec), config=cfg)
     for (M, K, N, tb), (_, b, _, _) in zip(shapes, results):
         assert b == mm_busy_cycles(M, K, N, cfg), (M, K, N, tb, b)
+
+
+@pytest.mark.parametrize("spec", [dict(array=1, row_depth=1), dict(array=2, mm_load=4, row_depth=4),
+                                  dict(array=2, mm_load=2, row_depth=2)])
+def test_small_chips(spec):
+    """The smallest arrays and operand memories, with groups wider than the array or than K: every
+    legal shape against the golden matmul and the cycle model."""
+    cfg = ChipConfig(**spec)
+    rng = random.Random(cfg.key())
+    shapes = [(M, K, N, tb) for M in range(1, cfg.array + 1) for N in range(1, cfg.array + 1)
+              for K in range(1, cfg.row_depth + 1) for tb in (0, 1)]
+    words = [random_mm(rng, M, K, N, tb) for M, K, N, tb in shapes]
+    results = run_cases(words, seed=5, config=cfg)
+    assert [b for _, b, _, _ in results] == [mm_busy_cycles(M, K, N, cfg) for M, K, N, _ in shapes]

@@ -262,6 +262,12 @@ def test_every_latency_matches_the_reference(chip):
         assert diff is None, f"job {n} (LAT {lat}): {diff}"
 
 
+def test_counters_other_than_32_bits_are_refused():
+    from hdl.config import ChipConfig
+    with pytest.raises(BackendUnavailable, match="32-bit counters"):
+        VerilatorBackend(config=ChipConfig(counter_bits=48))
+
+
 def test_illegal_opcode_does_not_halt():
     from hdl.isa import halt, ld
     be = VerilatorBackend(max_cycles=2000)
