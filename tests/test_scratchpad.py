@@ -80,7 +80,7 @@ def test_extra_read_ports_against_model():
     like port 0, at independent addresses (the same word on several ports included)."""
     rng = random.Random(12)
     dut = Scratchpad(depth=64, config=ChipConfig(mm_load=4))
-    assert dut.reads == 4 and not hasattr(Scratchpad(), "raddr_x")
+    assert dut.reads == 4 and not hasattr(built(Scratchpad()), "raddr_x")
     model = [0] * 64
 
     async def bench(ctx):
