@@ -27,7 +27,7 @@ TABLE_HELP = ("columns: step = L, the tokens in the cache after the step; ctx = 
               "attends, min(L, W); tok = the token produced; pages = pages the request holds while the step runs "
               "(its cached rows, before the new row is appended); "
               "total = the step's chip cycles; mm, dma, vec = cycles the matrix unit, the DMA engine and the vector "
-              "units were busy (they overlap, so they do not add up to total); instr = instructions executed")
+              "units were busy (one unit at a time: total = mm + dma + vec + 2 per instruction for fetch and issue + 2 for the HALT); instr = instructions executed")
 
 
 def build_parser() -> Parser:
@@ -163,7 +163,7 @@ def run_decode(a, out=None):
           file=out)
     if not a.quiet:
         print("ctx: tokens attended, min(L, W); pages: held while the step runs, before its row is appended; "
-              "mm/dma/vec: busy cycles of the units (they overlap: not parts of total)", file=out)
+              "mm/dma/vec: busy cycles of the units (total adds 2 per instruction, fetch and issue, and 2 for HALT)", file=out)
     if counted is not None:
         result["check"] = {"steps": counted.runs, "words": counted.words, "identical": True}
         print(f"check: {counted.runs} steps compared with the reference machine: all five counters and "
