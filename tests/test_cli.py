@@ -116,10 +116,12 @@ def _bad_values(tmp_path):
         "paging-study": ["--out", str(a_file)],
         "agreement": ["--steps", "100"],
         "formal": ["--no-such-value-test", "x"],
+        "sweep": ["--out", str(tmp_path / "s"), "--configs", "array=3"],
     }
 
 
-REQUIRED = {"replay": ["x.hex"], "progen": ["--out", "x.hex"], "fpga": ["--board", "ulx3s-85f"]}
+REQUIRED = {"replay": ["x.hex"], "progen": ["--out", "x.hex"], "fpga": ["--board", "ulx3s-85f"],
+            "sweep": ["--out", "x"]}
 
 
 @pytest.mark.parametrize("name", COMMANDS)
