@@ -92,3 +92,19 @@ def test_synth_without_the_extra_is_one_line_before_any_work(tmp_path, capsys, m
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: the synthesis extra is not installed")
     assert not (tmp_path / "x").exists()
+
+
+def test_synth_columns_and_a_chip_that_does_not_fit(tmp_path):
+    def row(chip, lut, dsp, ebr, fmax):
+        s = {"lut": lut, "dsp": dsp, "ebr": ebr, "fmax_mhz": fmax}
+        s["fits_ulx3s_85f"] = sweep.fits(s)
+        return {"chip": chip, "cycles_ctx1": 7000, "cycles_ctx4": 7259, "total_w4": 231792, "synth": s}
+    doc = {"sim": "reference", "steps": 32, "window": 4, "synth": True,
+           "board": {"name": "ulx3s-85f", **sweep.ULX3S_85F},
+           "rows": [row("book", 4949, 22, 10, 31.54), row("array=16", 90000, 300, 10, None)]}
+    md = sweep.format_markdown(doc)
+    assert "| `book` | 7,000 | 7,259 | 231,792 | the book's | 4,949 | 22 | 10 | 31.5 | fits |" in md
+    assert "| `array=16` | 7,000 | 7,259 | 231,792 | identical | 90,000 | 300 | 10 | - | does not fit |" in md
+    sweep.draw(doc, tmp_path / "s.png")
+    assert (tmp_path / "s.png").read_bytes()[:4] == b"\x89PNG"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["s.png"]
