@@ -48,6 +48,9 @@ class ChipConfig:
         Width of the five cycle counters, 16..64.
     rom_words : int
         Instructions the program ROM holds (the testbench indexes it with ``imem_addr[7:0]``).
+    gather : int
+        1 gives the chip the resident mode's GATHER and SCATTER instructions (``docs/resident.md``);
+        0, the book's chip, leaves their opcodes illegal.
     """
 
     array: int = 4
@@ -59,6 +62,7 @@ class ChipConfig:
     lat: int = 8
     counter_bits: int = 32
     rom_words: int = 256
+    gather: int = 0
 
     def __post_init__(self):
         for f in fields(self):
@@ -88,6 +92,8 @@ class ChipConfig:
             raise ValueError(f"ChipConfig counter_bits must be in 16..64, not {self.counter_bits}")
         if not (_power_of_two(self.rom_words) and self.rom_words <= 256):
             raise ValueError(f"ChipConfig rom_words must be a power of two up to 256, not {self.rom_words}")
+        if self.gather not in (0, 1):
+            raise ValueError(f"ChipConfig gather must be 0 or 1, not {self.gather}")
 
     # ---- derived widths and limits -----------------------------------------------------------------
     @property
