@@ -23,6 +23,7 @@ __all__ = [
     "encode", "decode", "operands", "validate", "validate_program", "busy_cycles", "mm_busy_cycles",
     "ld", "st", "mm", "rq", "sm", "vadd", "amax", "unpack", "halt",
     "to_words32", "from_words32", "describe",
+    "RESIDENT_OPS", "gather", "scatter", "resident_runs", "resident_busy_cycles", "legal_ops",
 ]
 
 # The book's limits, kept as module constants for the code that only ever meets the book's chip; every
@@ -43,12 +44,25 @@ class Op(enum.IntEnum):
     VADD = 6
     AMAX = 7
     UNPACK = 8
+    GATHER = 9      # resident mode only (docs/resident.md): a chip with gather=1
+    SCATTER = 10
+
+
+# The opcodes that exist only on a chip generated with ``gather=1`` (docs/resident.md); on the book's chip
+# they are illegal like 11..15.
+RESIDENT_OPS = (Op.GATHER, Op.SCATTER)
+
+
+def legal_ops(cfg: ChipConfig = BOOK) -> tuple:
+    """The opcodes the chip `cfg` executes (HALT included)."""
+    return tuple(op for op in Op if cfg.gather or op not in RESIDENT_OPS)
 
 
 # The cycle counter each opcode's busy cycles go to (hardware spec 2.2): the one classification that the
 # reference machine, the compiler's cycle prediction and the reports share. HALT has no busy cycle.
 COUNTER_OF: dict[Op, str] = {Op.LD: "dma", Op.ST: "dma", Op.MM: "mm", Op.RQ: "vec", Op.SM: "vec",
-                             Op.VADD: "vec", Op.AMAX: "vec", Op.UNPACK: "vec"}
+                             Op.VADD: "vec", Op.AMAX: "vec", Op.UNPACK: "vec",
+                             Op.GATHER: "dma", Op.SCATTER: "dma"}
 # Where each class sits in the counter list [total, mm, dma, vec, instructions].
 COUNTER_INDEX: dict[str, int] = {"mm": 1, "dma": 2, "vec": 3}
 
@@ -70,6 +84,10 @@ OPERANDS: dict[Op, dict[str, str]] = {
     Op.VADD: {"a": "dst", "b": "src1", "c": "src2", "d": "len"},
     Op.AMAX: {"a": "dst", "b": "src", "c": "len"},
     Op.UNPACK: {"a": "dst", "b": "src", "c": "len"},
+    Op.GATHER: {"a": "spad", "b": "table", "c": "table_len", "d": "base", "e": "page_log2", "f": "lo",
+                "g": "hi", "fl": "row_log2", "x": "pool_pages"},
+    Op.SCATTER: {"a": "spad", "b": "table", "c": "table_len", "d": "base", "e": "page_log2", "f": "lo",
+                 "g": "hi", "fl": "row_log2", "x": "pool_pages"},
 }
 
 
@@ -148,6 +166,23 @@ def halt():
     return Instr(Op.HALT)
 
 
+def _resident(op, spad, table, table_len, base, page_log2, lo, hi, row_log2, pool_pages):
+    return Instr(op, a=spad, b=table, c=table_len, d=base, e=page_log2, f=lo, g=hi, fl=row_log2,
+                 x=pool_pages)
+
+
+def gather(spad, table, table_len, base, page_log2, lo, hi, row_log2, pool_pages):
+    """GATHER (docs/resident.md): rows [lo, hi) from the pool at external `base`, through the block
+    table of `table_len` page numbers at scratchpad `table`, into scratchpad words from `spad` on."""
+    return _resident(Op.GATHER, spad, table, table_len, base, page_log2, lo, hi, row_log2, pool_pages)
+
+
+def scatter(spad, table, table_len, base, page_log2, lo, hi, row_log2, pool_pages):
+    """SCATTER (docs/resident.md): rows [lo, hi) from scratchpad words from `spad` on into their page
+    slots of the pool at external `base`, through the block table at scratchpad `table`."""
+    return _resident(Op.SCATTER, spad, table, table_len, base, page_log2, lo, hi, row_log2, pool_pages)
+
+
 # ---- encode / decode -----------------------------------------------------------------------------
 
 def encode(ins: Instr) -> int:
@@ -177,6 +212,13 @@ HW_OPERANDS: dict[Op, dict[str, tuple[int, int]]] = {
     Op.VADD: {"dst": (119, 108), "src1": (103, 92), "src2": (87, 76), "len": (67, 52)},
     Op.AMAX: {"dst": (119, 108), "src": (103, 92), "len": (87, 76)},
     Op.UNPACK: {"dst": (119, 108), "src": (103, 92), "len": (87, 76)},
+    # docs/resident.md "Instruction fields"
+    Op.GATHER: {"spad": (119, 108), "table": (103, 92), "table_len": (87, 76), "base": (67, 52),
+                "page_log2": (49, 46), "lo": (45, 38), "hi": (37, 30), "row_log2": (21, 18),
+                "pool_pages": (11, 0)},
+    Op.SCATTER: {"spad": (119, 108), "table": (103, 92), "table_len": (87, 76), "base": (67, 52),
+                 "page_log2": (49, 46), "lo": (45, 38), "hi": (37, 30), "row_log2": (21, 18),
+                 "pool_pages": (11, 0)},
 }
 
 
@@ -257,9 +299,15 @@ def validate(ins, ext_words: int | None = None, index: int | None = None, cfg: C
         name = Op(op).name
     except ValueError:
         raise IsaError(f"instruction {'' if index is None else index} ({word:032x}): "
-                       f"unknown opcode {op} (legal: 0..8)") from None
+                       f"unknown opcode {op} (legal: 0..{max(legal_ops(cfg))})") from None
     where = f"instruction {index} ({name})" if index is not None else f"{name} instruction"
     if op == Op.HALT:
+        return o
+    if op in RESIDENT_OPS:
+        if not cfg.gather:
+            raise IsaError(f"{where}: opcode {op} exists only on a chip with gather=1 (resident mode); "
+                           f"on this chip it is illegal (legal: 0..{max(legal_ops(cfg))})")
+        _validate_resident(where, g, o, cfg, ext_words, spad_address, spad_region, ext_region)
         return o
     if op == Op.MM:
         for k, fname, lim in (("M", "f", max_mn), ("K", "g", max_k), ("N", "h", max_mn)):
@@ -310,6 +358,26 @@ def validate(ins, ext_words: int | None = None, index: int | None = None, cfg: C
     return o
 
 
+def _validate_resident(where, g, o, cfg, ext_words, spad_address, spad_region, ext_region):
+    """The static checks of GATHER/SCATTER (docs/resident.md); a bad table is a run-time error stop."""
+    op = Op(o["op"])
+    fields = HW_OPERANDS[op]
+    for fname, operand in OPERANDS[op].items():
+        hi, lo = fields[operand]
+        raw = getattr(g, fname)
+        if raw >= 1 << (hi - lo + 1):
+            raise IsaError(f"{where}: {operand} = {raw} does not fit the {hi - lo + 1} bits the hardware "
+                           f"reads of it")
+    spad_address(where, "spad", g.a, op, "spad")
+    spad_address(where, "table", g.b, op, "table")
+    if o["hi"] <= o["lo"]:
+        raise IsaError(f"{where}: hi = {o['hi']} must be greater than lo = {o['lo']}")
+    spad_region(where, "spad", o["spad"], (o["hi"] - o["lo"]) << o["row_log2"])
+    spad_region(where, "table", o["table"], o["table_len"])
+    pool_words = o["pool_pages"] << (o["page_log2"] + o["row_log2"])
+    ext_region(where, "base", o["base"], pool_words)
+
+
 def validate_program(words, ext_words: int | None = None, cfg: ChipConfig = BOOK) -> None:
     """Validate every instruction of a program for the chip `cfg` (external memory `ext_words`, default
     ``cfg.ext_words``) and check that it ends with a HALT and fits the chip's program ROM."""
@@ -354,9 +422,36 @@ def busy_cycles(ins, lat: int = 8, cfg: ChipConfig = BOOK) -> int:
         return 0
     if op == Op.MM:
         return mm_busy_cycles(o["M"], o["K"], o["N"], cfg)
+    if op in RESIDENT_OPS:
+        runs = resident_runs(o["lo"], o["hi"], o["page_log2"])
+        return resident_busy_cycles(op, len(runs), (o["hi"] - o["lo"]) << o["row_log2"], lat)
     n = o["len"]
     return {Op.LD: n + lat + 1, Op.ST: n + 2, Op.RQ: n + 2, Op.SM: 3 * n + 47,
             Op.VADD: 2 * n + 2, Op.AMAX: n + 3, Op.UNPACK: 10 * n + 1}[Op(op)]
+
+
+def resident_runs(lo: int, hi: int, page_log2: int) -> list[tuple[int, int, int]]:
+    """The runs of a GATHER/SCATTER (docs/resident.md "Cycle model"): the rows of [lo, hi) that lie in
+    one page, as ``(table index, first row, rows)`` in the order the unit moves them."""
+    runs = []
+    r = lo
+    while r < hi:
+        index = r >> page_log2
+        end = min(hi, (index + 1) << page_log2)
+        runs.append((index, r, end - r))
+        r = end
+    return runs
+
+
+def resident_busy_cycles(op: int, runs: int, words: int, lat: int) -> int:
+    """WAIT cycles of a GATHER or SCATTER that looked up `runs` table entries and moved `words` words.
+
+    A normal end: every run of the instruction and all its words. An error stop in run j (1-based):
+    ``runs = j`` and the words of the j - 1 runs done (docs/resident.md). Two lookup cycles per run, one
+    cycle per word, then LD's tail (LAT + 1) for GATHER or ST's (2) for SCATTER.
+    """
+    tail = lat + 1 if op == Op.GATHER else 2
+    return 2 * runs + words + tail
 
 
 # ---- helpers for files and messages --------------------------------------------------------------

@@ -11,9 +11,9 @@ from __future__ import annotations
 import operator
 from dataclasses import dataclass, field
 
-__all__ = ["RunResult", "TraceEntry", "SimError", "DidNotHalt", "BackendUnavailable", "BadInput",
+__all__ = ["RunResult", "ErrorStop", "TraceEntry", "SimError", "DidNotHalt", "BackendUnavailable", "BadInput",
            "Backend", "BACKENDS", "get_backend", "MAX_CYCLES", "MAX_LAT", "first_difference",
-           "program_words", "image_words", "check_lat", "check_max_cycles"]
+           "program_words", "image_words", "scratchpad_words", "check_lat", "check_max_cycles"]
 
 MAX_CYCLES = 100_000        # the book's testbench gives up after this many cycles
 MAX_LAT = 1024              # longest external read latency a backend accepts
@@ -33,6 +33,32 @@ class TraceEntry:
         return self.done - self.issue
 
 
+@dataclass(frozen=True)
+class ErrorStop:
+    """The chip's error state after a GATHER/SCATTER met a bad block table (docs/resident.md "Isolation").
+
+    Attributes
+    ----------
+    kind : str
+        ``"row"`` (a row beyond the table: ``error_kind`` 1) or ``"page"`` (a page number outside the
+        pool: ``error_kind`` 2).
+    pc : int
+        The failing instruction's pc (``error_pc``).
+    info : int
+        The table index for a row error, the bad table entry (the whole 32-bit word) for a page error
+        (``error_info``).
+    """
+    kind: str
+    pc: int
+    info: int
+
+    KINDS = {1: "row", 2: "page"}       # the chip's error_kind code -> kind
+
+    def __str__(self) -> str:
+        what = "row beyond the table, index" if self.kind == "row" else "page outside the pool, entry"
+        return f"error stop at pc {self.pc}: {what} {self.info}"
+
+
 @dataclass
 class RunResult:
     """What a run leaves behind.
@@ -48,11 +74,15 @@ class RunResult:
         expectation read from a record file (the book's format has no scratchpad) leaves it None.
     trace : list of TraceEntry or None
         One entry per executed instruction, when the backend was asked for it.
+    error : ErrorStop or None
+        None when the program ended at a HALT; the error state when a GATHER/SCATTER stopped the chip
+        (resident mode, docs/resident.md).
     """
     ext: list[int]
     counters: list[int]
     scratchpad: list[int] | None = field(default=None)
     trace: list[TraceEntry] | None = field(default=None)
+    error: ErrorStop | None = field(default=None)
 
     @property
     def cycles(self) -> int:
@@ -112,6 +142,23 @@ def image_words(image) -> list[int]:
     return out
 
 
+def scratchpad_words(scratchpad, depth: int) -> list[int] | None:
+    """The initial scratchpad of a run (resident mode, docs/resident.md): None (all zero, the book's
+    start) or exactly `depth` unsigned 32-bit words, returned as a fresh list."""
+    if scratchpad is None:
+        return None
+    try:
+        words = list(scratchpad)
+    except TypeError:
+        raise BadInput(f"scratchpad = {scratchpad!r} is not a list of words") from None
+    if len(words) != depth:
+        raise BadInput(f"the initial scratchpad has {len(words)} words; the chip's scratchpad has {depth}")
+    for i, w in enumerate(words):
+        if isinstance(w, bool) or not isinstance(w, int) or not 0 <= w <= _W:
+            raise BadInput(f"scratchpad word {i} = {w!r} is not an unsigned 32-bit value")
+    return words
+
+
 def check_lat(lat) -> int:
     if isinstance(lat, bool) or not isinstance(lat, int) or not 1 <= lat <= MAX_LAT:
         raise BadInput(f"lat = {lat!r} must be a whole number in 1..{MAX_LAT}")
@@ -129,11 +176,14 @@ class Backend:
     (a backend that can do better, like Verilator in one process, overrides it)."""
     name = "?"
 
-    def run(self, program, image, lat: int = 8) -> RunResult:   # pragma: no cover - interface
+    def run(self, program, image, lat: int = 8, scratchpad=None) -> RunResult:   # pragma: no cover
+        """Run `program` on `image` with read latency `lat`, the scratchpad starting as `scratchpad`
+        (None: all zero; else ``config.spad_depth`` words, checked by `scratchpad_words`)."""
         raise NotImplementedError
 
     def run_many(self, jobs, lat: int = 8, return_errors: bool = False) -> list:
-        """Run ``(program, image[, lat])`` jobs in turn (``lat`` is the default).
+        """Run ``(program, image[, lat[, scratchpad]])`` jobs in turn (``lat`` is the default; a
+        scratchpad of None starts from zeros).
 
         A job that does not halt raises `DidNotHalt` naming its index, or, with `return_errors`, leaves
         the exception in its place in the returned list.
@@ -141,10 +191,11 @@ class Backend:
         out = []
         for n, job in enumerate(jobs):
             job = tuple(job)
-            if len(job) not in (2, 3):
-                raise BadInput(f"job {n}: expected (program, image[, lat]), got {len(job)} items")
+            if len(job) not in (2, 3, 4):
+                raise BadInput(f"job {n}: expected (program, image[, lat[, scratchpad]]), got {len(job)} items")
+            extra = {} if len(job) < 4 or job[3] is None else {"scratchpad": job[3]}
             try:
-                out.append(self.run(job[0], job[1], job[2] if len(job) == 3 else lat))
+                out.append(self.run(job[0], job[1], job[2] if len(job) >= 3 else lat, **extra))
             except DidNotHalt as e:
                 if not return_errors:
                     raise DidNotHalt(f"job {n}: {e}") from None
@@ -202,8 +253,8 @@ def get_backend(name: str, config=None, **options) -> Backend:
 def first_difference(expected: RunResult, got: RunResult, scratchpad: bool = True) -> str | None:
     """A one-line description of the first difference between two runs, or None if they are identical.
 
-    Compared in this order, each list's length before its words: the five counters, the external
-    memory, the scratchpad.
+    Compared in this order, each list's length before its words: the five counters, the error state
+    (`ErrorStop` or None), the external memory, the scratchpad.
 
     Parameters
     ----------
@@ -218,6 +269,8 @@ def first_difference(expected: RunResult, got: RunResult, scratchpad: bool = Tru
     for name, a, b in zip(COUNTER_NAMES, expected.counters, got.counters):
         if a != b:
             return f"counter {name}: expected {a}, got {b}"
+    if expected.error != got.error:
+        return f"error state: expected {expected.error or 'none'}, got {got.error or 'none'}"
     diff = _first_word(expected.ext, got.ext, "external word")
     if diff is not None or not scratchpad:
         return diff
