@@ -374,6 +374,11 @@ def _validate_resident(where, g, o, cfg, ext_words, spad_address, spad_region, e
         raise IsaError(f"{where}: hi = {o['hi']} must be greater than lo = {o['lo']}")
     spad_region(where, "spad", o["spad"], (o["hi"] - o["lo"]) << o["row_log2"])
     spad_region(where, "table", o["table"], o["table_len"])
+    words = (o["hi"] - o["lo"]) << o["row_log2"]
+    if op == Op.GATHER and o["spad"] < o["table"] + o["table_len"] and o["table"] < o["spad"] + words:
+        # the lookups of later runs would race the words being written (docs/resident.md)
+        raise IsaError(f"{where}: the rows written at spad = {o['spad']} ({words} words) overlap the block "
+                       f"table at {o['table']} ({o['table_len']} entries)")
     pool_words = o["pool_pages"] << (o["page_log2"] + o["row_log2"])
     ext_region(where, "base", o["base"], pool_words)
 
