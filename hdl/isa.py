@@ -361,6 +361,8 @@ def validate(ins, ext_words: int | None = None, index: int | None = None, cfg: C
 def _validate_resident(where, g, o, cfg, ext_words, spad_address, spad_region, ext_region):
     """The static checks of GATHER/SCATTER (docs/resident.md); a bad table is a run-time error stop."""
     op = Op(o["op"])
+    spad_address(where, "spad", g.a, op, "spad")
+    spad_address(where, "table", g.b, op, "table")
     fields = HW_OPERANDS[op]
     for fname, operand in OPERANDS[op].items():
         hi, lo = fields[operand]
@@ -368,8 +370,6 @@ def _validate_resident(where, g, o, cfg, ext_words, spad_address, spad_region, e
         if raw >= 1 << (hi - lo + 1):
             raise IsaError(f"{where}: {operand} = {raw} does not fit the {hi - lo + 1} bits the hardware "
                            f"reads of it")
-    spad_address(where, "spad", g.a, op, "spad")
-    spad_address(where, "table", g.b, op, "table")
     if o["hi"] <= o["lo"]:
         raise IsaError(f"{where}: hi = {o['hi']} must be greater than lo = {o['lo']}")
     spad_region(where, "spad", o["spad"], (o["hi"] - o["lo"]) << o["row_log2"])

@@ -17,10 +17,12 @@ from __future__ import annotations
 from hdl.arith import (EXP_TABLE, SOFTMAX_NUM, argmax_first, divu, requant, s8, softmax_q16,
                        unpack_word, vadd_sat)
 from hdl.config import BOOK, ChipConfig
-from hdl.isa import COUNTER_INDEX, COUNTER_OF, IsaError, Op, busy_cycles, operands, validate
+from hdl.isa import (COUNTER_INDEX, COUNTER_OF, RESIDENT_OPS, IsaError, Op, busy_cycles, legal_ops, operands,
+                     resident_busy_cycles, resident_runs, validate)
 
-from sim.backend import (MAX_CYCLES, Backend, BadInput, DidNotHalt, RunResult, SimError, TraceEntry,
-                         check_lat, check_max_cycles, image_words, program_words)
+from sim.backend import (MAX_CYCLES, Backend, BadInput, DidNotHalt, ErrorStop, RunResult, SimError,
+                         TraceEntry, check_lat, check_max_cycles, image_words, program_words,
+                         scratchpad_words)
 
 __all__ = ["ReferenceMachine", "IllegalInstruction", "BadInput"]
 
@@ -70,8 +72,12 @@ class ReferenceMachine(Backend):
 
     # ---- the run -----------------------------------------------------------------------------
 
-    def run(self, program, image, lat: int = 8) -> RunResult:
-        """Run `program` on a copy of `image` with external read latency `lat`; see the class doc."""
+    def run(self, program, image, lat: int = 8, scratchpad=None) -> RunResult:
+        """Run `program` on a copy of `image` with external read latency `lat`; see the class doc.
+
+        `scratchpad` is the scratchpad the run starts from (resident mode: what the previous run left,
+        docs/resident.md): None for all zero, else ``config.spad_depth`` unsigned 32-bit words.
+        """
         check_lat(lat)
         cfg = self.config
         rom = program_words(program)
@@ -82,7 +88,9 @@ class ReferenceMachine(Backend):
         ext = image_words(image)
         n_ext = len(ext)
         sp = cfg.spad_depth - 1         # scratchpad addresses wrap at the depth (a power of two)
-        spad = [0] * cfg.spad_depth
+        spad = scratchpad_words(scratchpad, cfg.spad_depth) or [0] * cfg.spad_depth
+        legal = set(legal_ops(cfg))
+        error = None
         counters = [0, 0, 0, 0, 0]
         trace = [] if self.trace else None
         check = self.check
@@ -100,7 +108,7 @@ class ReferenceMachine(Backend):
                 if trace is not None:
                     trace.append(TraceEntry(pc, fetch, fetch + 1, fetch + 1))
                 break
-            if op > Op.UNPACK:
+            if op not in legal:
                 # no unit answers: the sequencer waits forever while cyc_vec counts
                 raise DidNotHalt(f"did not halt within {limit} cycles (pc {pc}: illegal opcode {op})")
             if check:
@@ -110,7 +118,14 @@ class ReferenceMachine(Backend):
                     raise IllegalInstruction(str(e)) from None
             else:
                 self._hang_check(o, pc, limit, cfg)
-            busy = busy_cycles(word, lat, cfg)
+            if op in RESIDENT_OPS:
+                # the data moves before the counters here: an error stop shortens the busy time
+                error, runs, words = _resident(o, spad, ext, n_ext, sp)
+                busy = resident_busy_cycles(op, runs, words, lat)
+                if error is not None:
+                    error = ErrorStop(error[0], pc, error[1])
+            else:
+                busy = busy_cycles(word, lat, cfg)
             counters[0] += 2 + busy
             if counters[0] > limit:
                 raise DidNotHalt(f"did not halt within {limit} cycles (pc {pc}: {Op(op).name} "
@@ -119,10 +134,21 @@ class ReferenceMachine(Backend):
             counters[4] += 1
             if trace is not None:
                 trace.append(TraceEntry(pc, fetch, fetch + 1, fetch + 1 + busy))
-            _EXEC[op](o, spad, ext, n_ext, sp)
+            if op not in RESIDENT_OPS:
+                _EXEC[op](o, spad, ext, n_ext, sp)
             pc = (pc + 1) & 0xFFFF
+            if error is not None:
+                # docs/resident.md: the next instruction acts as a HALT whatever the ROM holds
+                fetch = counters[0]
+                counters[0] += 2
+                if counters[0] > limit:
+                    raise DidNotHalt(f"did not halt within {limit} cycles (pc {pc}: the HALT of an error "
+                                     f"stop fetched at cycle {fetch})")
+                if trace is not None:
+                    trace.append(TraceEntry(pc, fetch, fetch + 1, fetch + 1))
+                break
         return RunResult(ext=ext, counters=[c & cfg.counter_mask for c in counters], scratchpad=spad,
-                         trace=trace)
+                         trace=trace, error=error)
 
     @staticmethod
     def _hang_check(o, pc, limit, cfg):
@@ -135,6 +161,10 @@ class ReferenceMachine(Backend):
             if o["M"] > n or o["N"] > n or o["K"] > k:
                 raise IllegalInstruction(f"instruction {pc} (MM): M={o['M']} K={o['K']} N={o['N']} "
                                          f"exceeds the {n}x{n} array / {k}-deep operand memories (not modelled)")
+        elif op in RESIDENT_OPS:
+            if o["hi"] <= o["lo"]:
+                raise IllegalInstruction(f"instruction {pc} ({op.name}): hi = {o['hi']} <= lo = {o['lo']} "
+                                         f"(not modelled: docs/resident.md requires hi > lo)")
         elif o["len"] == 0:
             raise DidNotHalt(f"did not halt within {limit} cycles (pc {pc}: {op.name} with len = 0)")
 
@@ -246,6 +276,40 @@ def _mm(o, spad, ext, n_ext, sp):
         for j in range(N):
             bj = b[j]
             spad[(row + j) & sp] = sum(x * y for x, y in zip(ai, bj)) & _W
+
+
+def _resident(o, spad, ext, n_ext, sp):
+    """GATHER or SCATTER (docs/resident.md): walk the block table run by run.
+
+    Returns ``(error, runs, words)``: error is None or ``(kind, info)`` of the error stop; runs is the
+    number of table lookups made (the failing one included) and words the words moved, which is what
+    the cycle model needs (`hdl.isa.resident_busy_cycles`). The runs before a failing one are moved
+    completely, nothing of it or after it.
+    """
+    gather = o["op"] == Op.GATHER
+    spad0, table, table_len, base = o["spad"], o["table"], o["table_len"], o["base"]
+    page_log2, lo, row_log2, pool_pages = o["page_log2"], o["lo"], o["row_log2"], o["pool_pages"]
+    row_words = 1 << row_log2
+    in_page = (1 << page_log2) - 1
+    runs = words = 0
+    for index, first, rows in resident_runs(lo, o["hi"], page_log2):
+        runs += 1
+        if index >= table_len:
+            return ("row", index), runs, words
+        page = spad[(table + index) & sp]
+        if page >= pool_pages:
+            return ("page", page), runs, words
+        for r in range(first, first + rows):
+            s = spad0 + ((r - lo) << row_log2)
+            e = base + (((page << page_log2) | (r & in_page)) << row_log2)
+            for w in range(row_words):
+                a = (e + w) & _XA
+                if gather:
+                    spad[(s + w) & sp] = ext[a] if a < n_ext else _DEADBEEF
+                elif a < n_ext:
+                    ext[a] = spad[(s + w) & sp]
+        words += rows << row_log2
+    return None, runs, words
 
 
 _EXEC = {Op.LD: _ld, Op.ST: _st, Op.MM: _mm, Op.RQ: _rq, Op.SM: _sm, Op.VADD: _vadd,
