@@ -1,0 +1,240 @@
+"""The GATHER unit: the LD engine (`hdl.units.ld.DMA`) with a block-table indirection (docs/resident.md).
+
+LD streams one contiguous external block into contiguous scratchpad words. GATHER streams rows [lo, hi)
+of a request whose rows live in pool pages named by a block table in the scratchpad: each *run* (the
+rows of one page) is one contiguous external block, so GATHER is LD restarted once per run at a source
+address looked up in the table, with the destination side untouched (response k still goes to
+``spad + k``, exactly LD's ``dst + recvd``).
+
+Timing after the start edge E0 (one WAIT cycle per row below):
+
+* a run begins with two lookup cycles: L1 presents ``table + (row >> page_log2)`` on the scratchpad read
+  port; in L2 the entry is in ``spad.rdata`` and is checked (row beyond the table, page outside the
+  pool); then the run's words are requested one a cycle, as LD requests them;
+* responses arrive LAT cycles after their requests and are written as they arrive, also during the
+  lookups of later runs;
+* ``done`` is high LAT + 1 cycles after the last request cycle: B = 2 * runs + words + LAT + 1;
+* a failing check in L2 requests nothing more; ``done`` comes LAT + 1 cycles after that L2 (the
+  responses still on their way are written): B = 2 * j + words_done + LAT + 1, and ``error``,
+  ``error_kind``, ``error_info`` hold the reason until the next start.
+
+The error tail cannot be timed by responses (there may be none outstanding), so this unit is built for
+one LAT: ``config.lat``, which must be the memory's (the harness builds the chip with its memory's LAT).
+"""
+from amaranth.hdl import Const, Module, Signal
+from amaranth.lib import enum
+from amaranth.lib.wiring import In, Out
+
+from hdl.isa import Op
+
+from .base import SpadUnit, operand
+
+__all__ = ["GatherUnit", "ErrorKind", "TableWalk", "error_ports", "ROW_BITS", "ROW_WORD_BITS"]
+
+ROW_BITS = 8            # lo and hi are 8-bit fields: rows 0..255
+ROW_WORD_BITS = 15      # a row has up to 2**15 words (row_log2 is a 4-bit field)
+
+
+class ErrorKind(enum.Enum, shape=2):
+    """``error_kind`` (docs/resident.md "Isolation")."""
+    NONE = 0
+    ROW = 1       # the row's table index is not below table_len
+    PAGE = 2      # the table entry is not below pool_pages
+
+
+def error_ports(cfg):
+    """The error members a GATHER or SCATTER unit adds to its signature."""
+    return {"error": Out(1), "error_kind": Out(ErrorKind), "error_info": Out(cfg.word_bits)}
+
+
+class TableWalk:
+    """The walk over rows [lo, hi) and their table lookups that GATHER and SCATTER share.
+
+    It owns the FSM of the unit (states ``IDLE``, ``L1``, ``L2``, ``MOVE``, ``END``, ``STOP``) and the
+    row/word registers; the unit adds what it does with each moved word (`move`) and how it ends
+    (``END`` after the last word, ``STOP`` after an error or an empty range).
+
+    Parameters
+    ----------
+    m : Module
+    unit : GatherUnit or ScatterUnit
+        Its ``ins``, ``start``, ``spad.rdata`` and error ports are used.
+    opr : Value
+        The unit's operand register (``operand_layout(unit.OP)``).
+
+    Attributes
+    ----------
+    row, word : Signal
+        The row being moved and the word inside it.
+    table_addr : Value
+        Scratchpad address of the current row's table entry.
+    pool_addr : Value
+        External address of the current row's first word in the page named by ``spad.rdata`` (valid
+        in L2, where the entry is on the read port).
+    """
+
+    def __init__(self, m, unit, opr):
+        cfg = unit.config
+        self.m, self.unit, self.opr = m, unit, opr
+        self.row = Signal(ROW_BITS, name="row")
+        self.word = Signal(ROW_WORD_BITS, name="word")
+        page_mask = Signal(ROW_BITS, name="page_mask")
+        row_mask = Signal(ROW_WORD_BITS, name="row_mask")
+        m.d.comb += [
+            page_mask.eq((Const(1, 1) << opr.page_log2) - 1),
+            row_mask.eq((Const(1, 1) << opr.row_log2) - 1),
+        ]
+        self.index = self.row >> opr.page_log2
+        self.table_addr = (opr.table + self.index)[:cfg.spad_addr_bits]
+        entry = unit.spad.rdata
+        self.bad_row = self.index >= opr.table_len
+        self.bad_page = entry >= opr.pool_pages
+        # Only the low 16 bits of the page number reach a 16-bit address.
+        in_pool = (entry[:cfg.ext_addr_bits] << opr.page_log2) | (self.row & page_mask)
+        self.pool_addr = (opr.base + (in_pool << opr.row_log2))[:cfg.ext_addr_bits]
+        self.row_end = self.word == row_mask
+        self.last_row = (self.row + 1) == opr.hi
+        self.page_end = (self.row & page_mask) == page_mask
+
+    def control(self, start_extra, found, move, stop_entry, end, stop):
+        """Build the FSM.
+
+        Parameters
+        ----------
+        start_extra : list
+            Statements for E0 besides latching the operands and resetting the walk.
+        found : list
+            Statements for the L2 edge of a good entry (the run's first address is ``pool_addr``).
+        move : callable
+            ``move()`` adds the statements of one MOVE cycle (one word).
+        stop_entry : list
+            Statements for the edge that enters ``STOP`` (error or empty range).
+        end, stop : callable
+            The bodies of the ``END`` state (after the last word's MOVE cycle) and of the ``STOP`` state
+            (after a failed lookup or at an empty range); each calls ``unit.finish`` and goes back to
+            ``IDLE`` when the unit is done.
+        """
+        m, u, opr = self.m, self.unit, self.opr
+        u.done_pulse(m)
+        lo = operand(u.ins, u.OP, "lo")
+        hi = operand(u.ins, u.OP, "hi")
+        with m.FSM(name="walk"):
+            with m.State("IDLE"):
+                with m.If(u.start):
+                    u.begin(m, opr)
+                    m.d.sync += [self.row.eq(lo), self.word.eq(0), u.error.eq(0),
+                                 u.error_kind.eq(ErrorKind.NONE), u.error_info.eq(0), *start_extra]
+                    with m.If(hi > lo):
+                        m.next = "L1"
+                    with m.Else():
+                        # an empty range (validate refuses it): no lookup, no word, just the tail
+                        m.d.sync += stop_entry
+                        m.next = "STOP"
+            with m.State("L1"):
+                m.next = "L2"
+            with m.State("L2"):
+                with m.If(self.bad_row | self.bad_page):
+                    m.d.sync += [u.error.eq(1), *stop_entry]
+                    with m.If(self.bad_row):
+                        m.d.sync += [u.error_kind.eq(ErrorKind.ROW), u.error_info.eq(self.index)]
+                    with m.Else():
+                        m.d.sync += [u.error_kind.eq(ErrorKind.PAGE), u.error_info.eq(u.spad.rdata)]
+                    m.next = "STOP"
+                with m.Else():
+                    m.d.sync += found
+                    m.next = "MOVE"
+            with m.State("MOVE"):
+                move()
+                with m.If(self.row_end):
+                    m.d.sync += [self.word.eq(0), self.row.eq(self.row + 1)]
+                    with m.If(self.last_row):
+                        m.next = "END"
+                    with m.Elif(self.page_end):
+                        m.next = "L1"
+                with m.Else():
+                    m.d.sync += self.word.eq(self.word + 1)
+            with m.State("END"):
+                end()
+            with m.State("STOP"):
+                stop()
+
+
+class GatherUnit(SpadUnit):
+    """GATHER: pool rows -> contiguous scratchpad words, through the block table (docs/resident.md).
+
+    `SpadUnit`'s ports (``spad`` reads the table and writes the rows), LD's external read port and the
+    error report.
+
+    Parameters
+    ----------
+    config : hdl.config.ChipConfig
+        The chip (keyword only); ``config.lat`` times the error stop's tail.
+
+    Ports
+    -----
+    req_valid, req_addr : Out(1), Out(config.ext_addr_bits)
+        External read request, one a cycle in a run's MOVE cycles.
+    resp_valid, resp_data : In(1), In(config.word_bits)
+        The response, LAT cycles after its request; written to ``spad + k`` for the k-th response.
+    error : Out(1)
+        Set by a failed lookup, cleared by the next start; valid with ``done``.
+    error_kind : Out(ErrorKind)
+        ROW (table index not below table_len) or PAGE (entry not below pool_pages).
+    error_info : Out(config.word_bits)
+        The table index (ROW) or the whole table entry (PAGE).
+    """
+
+    OP = Op.GATHER
+
+    def ports(self, cfg):
+        return {**super().ports(cfg),
+                "req_valid":  Out(1),
+                "req_addr":   Out(cfg.ext_addr_bits),
+                "resp_valid": In(1),
+                "resp_data":  In(cfg.word_bits),
+                **error_ports(cfg)}
+
+    def elaborate(self, platform):
+        m = Module()
+        cfg = self.config
+        opr = self.operand_register()
+        walk = TableWalk(m, self, opr)
+        # LD's two counters: requests issued and responses received; they differ by at most LAT, so
+        # a width holding 2 * 1024 compares them exactly whatever the run lengths.
+        cw = max(cfg.spad_addr_bits, 12)
+        issued = Signal(cw, name="issued")
+        recvd = Signal(cw, name="recvd")
+        src = Signal(cfg.ext_addr_bits, name="src")
+        tail = Signal(range(cfg.lat + 1), name="tail")
+
+        m.d.comb += [
+            self.spad.raddr.eq(walk.table_addr),
+            self.spad.we.eq(self.resp_valid),
+            self.spad.waddr.eq(opr.spad + recvd),
+            self.spad.wdata.eq(self.resp_data),
+            self.req_addr.eq(src),
+        ]
+        with m.If(self.busy & self.resp_valid):
+            m.d.sync += recvd.eq(recvd + 1)
+
+        def move():
+            m.d.comb += self.req_valid.eq(1)
+            m.d.sync += [src.eq(src + 1), issued.eq(issued + 1)]
+
+        def end():
+            # LD's end: the last response is being written
+            with m.If(self.resp_valid & ((recvd + 1)[:cw] == issued)):
+                self.finish(m)
+                m.next = "IDLE"
+
+        def stop():
+            # as if the failing L2 had been a request: done LAT + 1 cycles after it
+            m.d.sync += tail.eq(tail - 1)
+            with m.If(tail == 1):
+                self.finish(m)
+                m.next = "IDLE"
+
+        walk.control(start_extra=[issued.eq(0), recvd.eq(0)], found=[src.eq(walk.pool_addr)],
+                     move=move, stop_entry=[tail.eq(cfg.lat)], end=end, stop=stop)
+        self.check_protocol(m, opr)
+        return m
