@@ -72,6 +72,8 @@ class PageTable:
         self._table: dict[Hashable, list[int]] = {}
         self._length: dict[Hashable, int] = {}
         self._dropped: dict[Hashable, int] = {}
+        # pages a prefix cache keeps: one whose last reference is dropped stays out of the free list
+        self._retained: set[int] = set()
 
     # ---- read-only views -------------------------------------------------------------------------
     @property
@@ -136,8 +138,9 @@ class PageTable:
         off = i % self._page
         if off == 0:
             t.append(self._take(rid, i))
-        elif self._ref[t[-1]] > 1:
-            # The page is shared (a fork): writing into it would change the other owners' rows.
+        elif self._ref[t[-1]] > 1 or t[-1] in self._retained:
+            # The page is shared (a fork, or a prefix cache's copy): writing into it would change the
+            # other owners' rows.
             shared = t[-1]
             q = self._take(rid, i)           # may raise: nothing has been modified yet
             self._pool[q][:] = self._pool[shared]
@@ -162,6 +165,8 @@ class PageTable:
         if lo > hi:
             raise PageTableError(f"request {rid!r}: row range lo={lo} > hi={hi}")
         t, d, P = self._table[rid], self._dropped[rid], self._page
+        if any(t[j // P - d] is None for j in range(lo, hi, 1)):
+            raise PageTableError(f"request {rid!r}: rows {lo}..{hi - 1} include a released page")
         return [self._pool[t[i // P - d]][i % P] for i in range(lo, hi)]
 
     def trim(self, rid, keep_from: int) -> None:
@@ -188,14 +193,83 @@ class PageTable:
         self._length[dst] = self._length[src]
         self._dropped[dst] = self._dropped[src]
         for p in self._table[dst]:
-            self._ref[p] += 1
+            if p is not None:
+                self._ref[p] += 1
 
     def release(self, rid) -> None:
         """Forget ``rid`` and drop its reference to each of its pages."""
         self._known(rid)
         for p in self._table.pop(rid):
-            self._drop(p)
+            if p is not None:
+                self._drop(p)
         del self._length[rid], self._dropped[rid]
+
+    # ---- prefix caching and attention sinks (host.engine) ---------------------------------------------
+    def retain(self, p: int) -> None:
+        """Keep page ``p`` (held by a request) out of the free list when its last reference goes: cached."""
+        if self.refcount(p) < 1:
+            raise PageTableError(f"page {p} is not held by any request: only a live page can be cached")
+        self._retained.add(p)
+
+    def evict(self, p: int) -> None:
+        """Stop keeping page ``p``; it returns to the free list now if no request references it."""
+        self.refcount(p)
+        if p not in self._retained:
+            raise PageTableError(f"page {p} is not cached")
+        self._retained.discard(p)
+        if not self._ref[p]:
+            self._free += [p]
+
+    def retained(self) -> frozenset:
+        """The cached pages (referenced or not)."""
+        return frozenset(self._retained)
+
+    def adopt(self, rid, pages, length: int) -> None:
+        """Start request ``rid`` on the existing pages ``pages`` holding its first ``length`` rows.
+
+        Each page gains a reference (no copy); a partial last page is copied on the request's first write
+        into it (`append`). ``length`` must fall in the last page: ``(len(pages)-1)*page < length <=
+        len(pages)*page``.
+        """
+        self._hashable(rid)
+        if rid in self._table:
+            raise PageTableError(f"request {rid!r} already exists")
+        pages = list(pages)
+        for q in pages:
+            if self.refcount(q) < 1 and q not in self._retained:
+                raise PageTableError(f"page {q} is free: only a held or cached page can be adopted")
+        if len(set(pages)) != len(pages) or not pages or not (len(pages) - 1) * self._page < length <= len(pages) * self._page:
+            raise PageTableError(f"request {rid!r}: {length} rows do not end in the last of {len(pages)} "
+                                 f"distinct pages of {self._page} rows")
+        for q in pages:
+            self._ref[q] += 1
+        self._table[rid] = pages
+        self._length[rid] = length
+        self._dropped[rid] = 0
+
+    def punch(self, rid, lo: int, hi: int) -> None:
+        """Release the pages of ``rid`` lying entirely inside logical rows ``lo <= i < hi`` (``hi`` at most
+        the length). With ``lo`` at the first row held this is `trim`; otherwise the released pages leave
+        holes in the block table (``None``), which `rows` refuses to read: attention sinks keep the first
+        rows and the window's, and release those between.
+        """
+        self._known(rid)
+        n = self._length[rid]
+        if not (isinstance(lo, int) and isinstance(hi, int)) or not 0 <= lo <= hi <= n:
+            raise PageTableError(f"request {rid!r}: rows {lo!r}..{hi!r} are not within 0..{n}")
+        if lo <= self.first_row(rid):
+            self.trim(rid, hi)
+            return
+        t, d, P = self._table[rid], self._dropped[rid], self._page
+        for j in range(-(-lo // P), hi // P):
+            q = t[j - d]
+            if q is not None:
+                t[j - d] = None
+                self._drop(q)
+
+    def held(self, rid) -> int:
+        """Pages ``rid`` references now (holes excluded)."""
+        return sum(1 for q in self._table[self._known(rid)] if q is not None)
 
     # ---- internals ----------------------------------------------------------------------------------
     def _take(self, rid, row: int) -> int:
@@ -208,7 +282,7 @@ class PageTable:
 
     def _drop(self, p: int) -> None:
         self._ref[p] -= 1
-        if self._ref[p] == 0:
+        if self._ref[p] == 0 and p not in self._retained:
             self._free.append(p)
 
     def _known(self, rid):
