@@ -105,7 +105,8 @@ def _mshift(M, what):
 
 
 def compile_graph(graph: Graph, calib_samples, ranges=None, ext_words: int | None = None, reuse: bool = True,
-                  config: ChipConfig = BOOK) -> Program:
+                  config: ChipConfig = BOOK, placed: dict | None = None,
+                  spad_limit: int | None = None) -> Program:
     """Compile `graph` for the GA-2 chip.
 
     Parameters
@@ -122,6 +123,12 @@ def compile_graph(graph: Graph, calib_samples, ranges=None, ext_words: int | Non
     config : hdl.config.ChipConfig
         The chip compiled for: the array size tiles the matmuls, the operand memories' depth bounds K,
         the scratchpad depth bounds the allocator.
+    placed : dict, optional
+        Weight name -> scratchpad address where its int8 values already are (resident mode,
+        ``compiler.resident``): never loaded, never released. Default: none, every weight is loaded.
+    spad_limit : int, optional
+        Words ``[0, spad_limit)`` the allocator may use (default: the whole scratchpad); the words above
+        are the caller's (resident weights, a block table).
 
     Raises
     ------
@@ -147,10 +154,18 @@ def compile_graph(graph: Graph, calib_samples, ranges=None, ext_words: int | Non
     for n in nodes:
         if loc[n.id] is not None and n.op not in ("slice", "output", "argmax"):
             holders[loc[n.id][0]] = holders.get(loc[n.id][0], 0) + 1
-    spad = Allocator(config.spad_depth)
+    spad = Allocator(config.spad_depth if spad_limit is None else spad_limit)
     instrs, notes = [], []
     rq_params = {}
     loaded = set()
+    for name, address in (placed or {}).items():
+        # resident weights: their buffer is fixed where the load program put them and outlives the program
+        n = nodes[ext[name].node] if name in ext else None
+        if n is None or n.op != "weight" or n.attrs.get("bits", 8) != 8 or holders[loc[n.id][0]] != 1:
+            raise CompileError(f"placed {name!r}: only an int8 weight in its own buffer can be resident")
+        b = buffers[loc[n.id][0]]
+        b.addr, b.last_use = address, -1
+        loaded.add(n.id)
 
     def emit(ins, note):
         instrs.append(ins)

@@ -149,8 +149,14 @@ class ChipConfig:
 
 BOOK = ChipConfig()
 
-# Named configurations a user can give to --chip.
-PRESETS: dict[str, ChipConfig] = {"book": BOOK}
+# Named configurations a user can give to --chip. ``fast`` is issue 13's resident-mode chip: the 8x8
+# array with four operand elements a cycle (fits the ULX3S-85F: 5,288 LUT4, 71 DSP, 30.4 MHz for the book
+# design with these two), GATHER/SCATTER, and 16,384 external words for two pools of 64 pages of 4 rows
+# of 16 words beside the mailbox and the weights' staging area (compiler.resident.plan_layout).
+PRESETS: dict[str, ChipConfig] = {
+    "book": BOOK,
+    "fast": ChipConfig(array=8, mm_load=4, gather=1, ext_words=16384),
+}
 
 
 def parse_chip(spec: str) -> ChipConfig:
