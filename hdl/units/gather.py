@@ -26,10 +26,12 @@ from amaranth.lib import enum
 from amaranth.lib.wiring import In, Out
 
 from hdl.isa import Op
+from hdl.properties import History
 
 from .base import SpadUnit, operand
 
-__all__ = ["GatherUnit", "ErrorKind", "TableWalk", "error_ports", "ROW_BITS", "ROW_WORD_BITS"]
+__all__ = ["GatherUnit", "ErrorKind", "TableWalk", "error_ports", "ROW_BITS", "ROW_WORD_BITS",
+           "ISOLATION_PROPERTIES"]
 
 ROW_BITS = 8            # lo and hi are 8-bit fields: rows 0..255
 ROW_WORD_BITS = 15      # a row has up to 2**15 words (row_log2 is a 4-bit field)
@@ -40,6 +42,14 @@ class ErrorKind(enum.Enum, shape=2):
     NONE = 0
     ROW = 1       # the row's table index is not below table_len
     PAGE = 2      # the table entry is not below pool_pages
+
+
+# The isolation property of docs/resident.md, by name, with the statement sim.formal prints.
+ISOLATION_PROPERTIES = {
+    "isolation": "every external request (GATHER) or write (SCATTER) lies in the pool page named by the "
+                 "last entry read, in L2, from the table word of an index below table_len; and that "
+                 "entry is below pool_pages",
+}
 
 
 def error_ports(cfg):
@@ -118,7 +128,7 @@ class TableWalk:
         u.done_pulse(m)
         lo = operand(u.ins, u.OP, "lo")
         hi = operand(u.ins, u.OP, "hi")
-        with m.FSM(name="walk"):
+        with m.FSM(name="walk") as self.fsm:
             with m.State("IDLE"):
                 with m.If(u.start):
                     u.begin(m, opr)
@@ -157,6 +167,31 @@ class TableWalk:
                 end()
             with m.State("STOP"):
                 stop()
+
+    def check_isolation(self, valid, addr):
+        """The isolation property (`ISOLATION_PROPERTIES`) as an Assert: when `valid`, the external
+        address `addr` lies inside the pool page of the entry looked up last, which must have come from
+        the table word of an index below table_len and be below pool_pages.
+
+        The monitor keeps its own copy of what L2 saw (the entry and whether the address read in L1 was
+        the table word of an index inside the table); it does not trust the unit's address arithmetic.
+        """
+        m, u, opr = self.m, self.unit, self.opr
+        cfg = u.config
+        h = History(m, u.OP.name.lower())
+        past_raddr = h.past(u.spad.raddr, "raddr")
+        page = Signal(cfg.word_bits, name="iso_page")
+        listed = Signal(name="iso_listed")
+        with m.If(self.fsm.ongoing("L2")):
+            m.d.sync += [page.eq(u.spad.rdata),
+                         listed.eq((past_raddr == (opr.table + self.index)[:cfg.spad_addr_bits]) &
+                                   (self.index < opr.table_len))]
+        shift = opr.page_log2 + opr.row_log2            # log2 of a page's words
+        first = (opr.base + (page[:cfg.ext_addr_bits] << shift))[:cfg.ext_addr_bits]
+        offset = (addr - first)[:cfg.ext_addr_bits]
+        inside = offset < (Const(1, 1) << shift)
+        h.check("isolation", ~valid | (listed & (page < opr.pool_pages) & inside),
+                ISOLATION_PROPERTIES["isolation"])
 
 
 class GatherUnit(SpadUnit):
@@ -237,4 +272,5 @@ class GatherUnit(SpadUnit):
         walk.control(start_extra=[issued.eq(0), recvd.eq(0)], found=[src.eq(walk.pool_addr)],
                      move=move, stop_entry=[tail.eq(cfg.lat)], end=end, stop=stop)
         self.check_protocol(m, opr)
+        walk.check_isolation(self.req_valid, self.req_addr)
         return m
