@@ -46,13 +46,13 @@ def test_non_integer_parameter_is_a_type_error():
 
 
 @pytest.mark.parametrize("spec, message", [
-    ("zzz", "--chip 'zzz': 'zzz' is neither a preset (book) nor name=value"),
+    ("zzz", "--chip 'zzz': 'zzz' is neither a preset (book, fast) nor name=value"),
     ("foo=1", "--chip 'foo=1': unknown parameter 'foo' (parameters: array, counter_bits, ext_words, "
               "gather, lat, mm_load, rom_words, row_depth, spad_depth, word_bits)"),
     ("array=x", "--chip 'array=x': array='x' is not a whole number"),
     ("array=8,array=4", "--chip 'array=8,array=4': array given twice"),
     ("array=3", "--chip 'array=3': ChipConfig array must be a power of two in 1..16, not 3"),
-    ("", "--chip '': give a preset (book) or name=value overrides"),
+    ("", "--chip '': give a preset (book, fast) or name=value overrides"),
 ])
 def test_bad_spec_names_itself(spec, message):
     with pytest.raises(ChipSpecError) as e:
