@@ -31,7 +31,8 @@ from sim.backend import MAX_CYCLES, MAX_LAT
 from sim.hexfile import ProgramRecord, make_record
 
 __all__ = ["random_program", "random_suite", "directed_suite", "LAYOUT", "Knobs", "draw_knobs", "ignored_bits",
-           "max_len", "FuzzCase", "fuzz_case", "MIX_CONFIGS", "CI_CONFIGS"]
+           "max_len", "FuzzCase", "fuzz_case", "MIX_CONFIGS", "CI_CONFIGS", "resident_program", "RESIDENT_SHARE",
+           "RESIDENT_CI_CONFIGS"]
 
 # Scratchpad: four 256-word arenas at 0..1023 loaded from ext[0..1023]; results at the top of the
 # scratchpad (so the 12-bit address limit is exercised); the result area is stored to the top of EXT.
@@ -559,22 +560,133 @@ class FuzzCase:
     knobs: Knobs
     program: list[int]
     image: list[int]
+    scratchpad: list[int] | None = None     # the initial scratchpad (resident programs only)
 
 
-def fuzz_case(seed: int, index: int, configs=MIX_CONFIGS, budget: int = MAX_CYCLES) -> FuzzCase:
+def fuzz_case(seed: int, index: int, configs=MIX_CONFIGS, budget: int = MAX_CYCLES, config=None) -> FuzzCase:
     """Program `index` of the mix of `seed`, generated on its own.
 
     The (EXT, LAT) pair is drawn from `configs` with a generator of its own, so the program depends only
     on (seed, index, EXT, LAT, budget): pinning the pair it drew (``--ext E --lat L``) regenerates it.
+    On a chip `config` with ``gather=1`` a share `RESIDENT_SHARE` of the programs is `resident_program`'s
+    (their `FuzzCase` carries the initial scratchpad, and knobs None); the others are the book's mix, as
+    on any chip.
     """
     configs = tuple(configs)
     if not configs:
         raise ValueError("no (EXT, LAT) configurations to draw from")
     ext, lat = random.Random(f"ga2-fuzz-config {seed} {index}").choice(configs)
+    if config is not None and config.gather and \
+            random.Random(f"ga2-fuzz-resident {seed} {index}").random() < RESIDENT_SHARE:
+        rng = random.Random(f"ga2-fuzz-resident {seed} {index} {ext} {lat}")
+        program, image, spad = resident_program(rng, ext, lat, budget, config)
+        return FuzzCase(seed, index, ext, lat, None, program, image, spad)
     rng = random.Random(f"ga2-fuzz {seed} {index} {ext} {lat}")
     knobs = draw_knobs(rng, budget)
     program, image = random_program(rng, ext, knobs, lat)
     return FuzzCase(seed, index, ext, lat, knobs, program, image)
+
+
+# ---- resident-mode programs (GATHER/SCATTER, docs/resident.md) ------------------------------------
+
+# Share of the mix that is resident-mode programs on a chip with gather=1 (the rest: the book's mix).
+RESIDENT_SHARE = 0.5
+# The (EXT, LAT) pairs of the resident programs' CI campaign: two Verilator models of a gather=1 chip.
+RESIDENT_CI_CONFIGS = ((2048, 3), (8192, 8))
+
+
+def resident_program(rng, ext: int = 8192, lat: int = 8, budget: int = MAX_CYCLES, cfg=None):
+    """A random program for a chip with ``gather=1``: GATHER and SCATTER over random pools, page and row
+    sizes, ranges and block tables, among LDs (some rewriting a table, as the host's mailbox does) and STs.
+
+    The scratchpad starts as random words with the block tables in them (the run's initial scratchpad,
+    as a resident session hands it over). One program in three has bad tables: an entry at or past the
+    pool's end (sometimes a 32-bit value) or a range whose rows run past the table, so the chip must stop
+    with the error state and leave the rest of the program unexecuted. Every word passes
+    ``hdl.isa.validate`` for `cfg` once its ignored bits (junk, one program in three) are cleared; the bad
+    tables are run-time errors, not invalid instructions.
+
+    Returns
+    -------
+    (program, image, scratchpad)
+        128-bit words (HALT last), `ext` external words and ``cfg.spad_depth`` scratchpad words.
+    """
+    from dataclasses import replace
+
+    from hdl.config import BOOK
+    from hdl.isa import gather, scatter
+    cfg = replace(BOOK, gather=1) if cfg is None else cfg
+    if not isinstance(rng, random.Random):
+        rng = random.Random(rng)
+    depth = min(cfg.spad_depth, SPAD_WORDS)
+    image = _wide_image(rng, ext)
+    spad = _words32(rng, cfg.spad_depth)
+    tables = depth - 512                # block tables live in the top 512 words
+    bad = rng.choice((0.0, 0.0, 0.15))
+    junk = rng.choice((0.0, 0.0, 0.5))
+    # Two pools (K and V) of one shape, as the resident decode has them: same pages, two bases.
+    pl, rl = rng.randint(0, 3), rng.randint(0, 3)
+    if rng.random() < 0.2:
+        pl, rl = rng.choice(((0, 0), (4, 0), (0, 5), (2, 4)))
+    page_words = 1 << (pl + rl)
+    pages = max(1, min(rng.randint(1, 40), (ext // 2) // page_words))
+    pool = pages * page_words
+    bases = [rng.randint(0, ext - pool) for _ in range(2)]
+    cost = lambda ins: 2 + busy_cycles(ins, lat, cfg)                     # noqa: E731
+    prog: list[Instr] = []
+    used = 2
+    target = rng.randint(2, 14)
+    for _ in range(4 * target):
+        if len(prog) >= target:
+            break
+        r = rng.random()
+        if r < 0.12:                    # the host's mailbox: LD a new table from external memory
+            n = rng.randint(1, 32)
+            ins = ld(rng.randint(tables, depth - n), rng.randint(0, ext - n), n)
+        elif r < 0.2:
+            n = rng.randint(1, 64)
+            ins = st(rng.randint(0, depth - n), rng.randint(0, ext - n), n)
+        else:
+            op = Op.GATHER if rng.random() < 0.55 else Op.SCATTER
+            lo = rng.randint(0, 40)
+            hi = lo + rng.randint(1, max(1, min(24, 256 >> rl)))
+            hi = min(hi, 255)
+            if hi <= lo:
+                continue
+            need = ((hi - 1) >> pl) + 1             # table entries the range needs
+            table_len = need
+            if rng.random() < bad:
+                table_len = rng.randint(0, need - 1)            # a row beyond the table
+            table_len = max(table_len, rng.choice((table_len, table_len + rng.randint(0, 3))))
+            if table_len > 512:
+                continue
+            table = rng.randint(tables, depth - max(table_len, 1))
+            for i in range(table_len):
+                if rng.random() < bad:
+                    spad[table + i] = rng.choice((pages, pages + rng.randint(0, 5000), rng.getrandbits(32),
+                                                  0xFFFFFFFF, 1 << 31))
+                else:
+                    spad[table + i] = rng.randrange(pages)
+            words = (hi - lo) << rl
+            if words > tables:
+                continue
+            if op == Op.GATHER:
+                dst = rng.randint(0, tables - words)            # never over the tables
+            else:
+                dst = rng.randint(0, depth - words)
+            make = gather if op == Op.GATHER else scatter
+            ins = make(dst, table, table_len, rng.choice(bases), pl, lo, hi, rl, pages)
+        c = cost(ins)
+        if used + c > budget:
+            continue
+        used += c
+        prog.append(ins)
+    prog.append(halt())
+    words_out = []
+    for pc, ins in enumerate(prog):
+        validate(ins.word, ext_words=ext, index=pc, cfg=cfg)
+        words_out.append(_with_junk(rng, ins.word, junk))
+    return words_out, image, spad
 
 
 def random_suite(seed: int, count: int, ext: int = 2048, lat: int = 8, progress=None) -> list[ProgramRecord]:
