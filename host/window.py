@@ -10,7 +10,7 @@ from __future__ import annotations
 
 __all__ = ["WindowError", "check_window", "context_size", "gather_bounds", "trim_point",
            "expected_pages", "pages_after_step", "pages_during_step", "pages_needed", "first_step_over",
-           "window_bound", "contexts"]
+           "window_bound", "contexts", "check_sinks", "sink_ranges", "sink_context"]
 
 
 class WindowError(ValueError):
@@ -135,3 +135,33 @@ def contexts(n: int, W) -> list[int]:
     """The distinct context sizes (= programs compiled) of an n-step decode, ascending."""
     _check_step(n)
     return sorted({context_size(L, W) for L in range(1, n + 1)})
+
+
+# ---- attention sinks (the StreamingLLM idea, the chapter's exercise 3) ---------------------------------
+# With S sinks a step attends the first S rows of the request as well as its window: rows 0..S-1 stay
+# cached for ever and the rows between them and the window are released. S = 0 is the plain window.
+
+def check_sinks(S, W=None):
+    """Return ``S`` if it is an integer >= 0 (0 without a window: there is nothing to keep apart)."""
+    if not _int(S) or S < 0:
+        raise WindowError(f"sinks must be an integer >= 0, got {S!r}")
+    check_window(W)
+    if W is None and S:
+        raise WindowError(f"sinks ({S}) need a window: without one every row is attended already")
+    return S
+
+
+def sink_ranges(L: int, W, S: int = 0) -> list[tuple[int, int]]:
+    """The cached logical rows step L gathers, as ``[(lo, hi), ...]`` in row order, with S sinks.
+
+    The window's part is `gather_bounds`; the sinks add rows ``0 .. min(S, lo)-1`` before it.
+    """
+    check_sinks(S, W)
+    lo, hi = gather_bounds(L, W)
+    head = min(S, lo)
+    return [r for r in ((0, head), (lo, hi)) if r[1] > r[0]]
+
+
+def sink_context(L: int, W, S: int = 0) -> int:
+    """Tokens attended at step L with S sinks: the gathered rows and the new one (`context_size` at S = 0)."""
+    return 1 + sum(hi - lo for lo, hi in sink_ranges(L, W, S))
