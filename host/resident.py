@@ -62,6 +62,8 @@ class ResidentChip:
         (context, first cached row in the table, table length) -> step ``compiler.Program``.
     load_record : dict or None
         The load program's run: ``counters``, ``host_words`` (the weights' words).
+    peak : int
+        Most pages in use after any step so far.
     """
 
     def __init__(self, m, steps, W=None, page=4, n_pages=64, starts=range(V), backend=None, lat=8,
@@ -89,6 +91,7 @@ class ResidentChip:
         self.progs: dict = {}
         self.weights = None
         self.load_record = None
+        self.peak = 0
         self._ext = None
         self._spad = None
 
@@ -176,6 +179,7 @@ class ResidentChip:
         out = readback(P, result.ext)
         if self.W is not None:
             pt.trim(rid, trim_point(L, self.W))
+        self.peak = max(self.peak, pt.used())
         return {"L": L, "ctx": nc, "lo": lo, "lo_rel": lo - first, "tok": out["tok"][0][0][0],
                 "pages": pages, "table": list(after), "copies": copies,
                 "counters": [a + b for a, b in zip(counters, result.counters)],

@@ -54,6 +54,10 @@ def build_parser() -> Parser:
     sim_option(p, DEFAULT_SIM, help="which simulator runs the chip: the instruction-level reference machine, "
                                     "Amaranth's simulator (~40 s for 32 steps) or the emitted Verilog in Verilator")
     chip_option(p, help="the chip the programs are compiled for and the simulator runs")
+    p.add_argument("--mode", choices=("book", "resident"), default="book",
+                   help="book: the host writes the whole image every step (the book's chip); resident: the "
+                        "weights and the KV cache stay on the chip and the host writes only the token's row "
+                        "and the block table (docs/resident.md; needs a chip with gather=1, e.g. --chip fast)")
     p.add_argument("--lat", type=int_range(1, MAX_LAT), default=None, metavar="N",
                    help=f"external memory read latency in cycles, 1..{MAX_LAT} (default: the chip's lat, 8 on "
                         f"the book's chip)")
@@ -72,6 +76,13 @@ def check_args(a) -> None:
     """The checks that need more than one option (each option alone is checked by the parser)."""
     # the context limit, the pool's bounds and the pages this decode needs: refused before any simulation
     check_decode(a.steps, a.window, a.page, a.pages, config=a.chip)
+    if getattr(a, "mode", "book") == "resident":
+        if not a.chip.gather:
+            raise UsageError(f"--mode resident needs a chip with GATHER/SCATTER (gather=1), and --chip "
+                             f"{a.chip.spec()} has none: use --chip fast or add gather=1")
+        from compiler.resident import plan_layout
+        from host.tiny_lm import build_graph, make_model
+        plan_layout(build_graph(make_model(), 1), a.chip, a.page, a.pages)      # the pools fit, or say why
     if a.vcd and a.sim != "amaranth":
         raise UsageError(f"--vcd needs --sim amaranth (the waveform comes from Amaranth's simulator), got --sim {a.sim}")
 
@@ -87,8 +98,8 @@ class _Counted:
     def __getattr__(self, name):
         return getattr(self.inner, name)
 
-    def run(self, program, image, lat=8):
-        r = self.inner.run(program, image, lat)
+    def run(self, program, image, lat=8, scratchpad=None):
+        r = self.inner.run(program, image, lat, **({} if scratchpad is None else {"scratchpad": scratchpad}))
         self.runs += 1
         self.words += len(r.ext)
         return r
@@ -113,26 +124,41 @@ def run_decode(a, out=None):
         backend = CheckedBackend(counted, ReferenceMachine(config=cfg))
     m = T.make_model(a.model, seed)
     t0 = time.perf_counter()
-    chip = PagedChip(m, a.steps, a.window, page=a.page, n_pages=a.pages, backend=backend, lat=lat, config=cfg)
+    mode = getattr(a, "mode", "book")
+    if mode == "resident":
+        from host.resident import ResidentChip
+        chip = ResidentChip(m, a.steps, a.window, page=a.page, n_pages=a.pages, backend=backend, lat=lat,
+                            config=cfg)
+    else:
+        chip = PagedChip(m, a.steps, a.window, page=a.page, n_pages=a.pages, backend=backend, lat=lat,
+                         config=cfg)
     t_cal = time.perf_counter() - t0
     t1 = time.perf_counter()
     with Progress(f"decoding on {a.sim}") as bar:
         tokens, recs = chip.generate(a.start, a.steps, progress=bar)
     t_run = time.perf_counter() - t1
+    for r in recs:
+        # the words the host wrote to the chip for the step: book mode hands over the whole image
+        r.setdefault("host_words", len(r.get("image") or ()))
 
     result = {
         "window": a.window, "page": a.page, "steps": a.steps, "start": a.start, "model": a.model,
-        "seed": seed, "sim": a.sim, "chip": cfg.spec(), "lat": lat, "tokens": [int(t) for t in tokens],
+        "seed": seed, "sim": a.sim, "chip": cfg.spec(), "lat": lat, "mode": mode,
+        "tokens": [int(t) for t in tokens],
         "programs_compiled": len(chip.progs),
         "peak_pages": chip.peak,
         "records": [{"L": r["L"], "ctx": r["ctx"], "tok": int(r["tok"]), "pages": r["pages"],
-                     "counters": [int(c) for c in r["counters"]],
+                     "counters": [int(c) for c in r["counters"]], "host_words": int(r["host_words"]),
                      "logits_int": [int(v) for v in r["logits_int"]]} for r in recs],
     }
+    if mode == "resident":
+        result["load"] = {"counters": [int(c) for c in chip.load_record["counters"]],
+                          "host_words": int(chip.load_record["host_words"])}
 
     w = "none" if a.window is None else str(a.window)
     print(f"GA-2 decode: {a.model} model (seed {seed}), start token {a.start}, {a.steps} steps, window {w}, "
-          f"pages of {a.page} rows (pool {a.pages}), simulator {a.sim}, LAT {lat}, chip {cfg.spec()}", file=out)
+          f"pages of {a.page} rows (pool {a.pages}), simulator {a.sim}, LAT {lat}, chip {cfg.spec()}, mode {mode}",
+          file=out)
     print(f"tokens: {' '.join(str(t) for t in tokens)}", file=out)
     if a.model == "structured":
         expect = [a.start]
@@ -147,16 +173,22 @@ def run_decode(a, out=None):
         ref = T.float_generate(m, a.start, a.steps, a.window)
         same = sum(1 for x, y in zip(tokens[1:], ref[1:]) if x == y)
         print(f"float reference with the same window: {same}/{a.steps} tokens identical", file=out)
-    print(f"programs compiled: {len(chip.progs)} (context sizes {', '.join(str(n) for n in sorted(chip.progs))})",
+    sizes = sorted({k if isinstance(k, int) else k[0] for k in chip.progs})     # resident: (ctx, row, pages)
+    print(f"programs compiled: {len(chip.progs)} (context sizes {', '.join(str(n) for n in sizes)})",
           file=out)
     print(f"pages in use at each step: {' '.join(str(r['pages']) for r in recs)}; peak {chip.peak}", file=out)
+    words = [r["host_words"] for r in recs]
+    print(f"words the host wrote to the chip per step: {min(words)}..{max(words)}, {sum(words):,} in all"
+          + (f" (plus {chip.load_record['host_words']:,} once, the weights' load: "
+             f"{chip.load_record['counters'][0]:,} cycles)" if mode == "resident" else
+             " (book mode: the whole external-memory image every step)"), file=out)
     if not a.quiet:
-        print(f"\n{'step':>5} {'ctx':>4} {'tok':>4} {'pages':>6} {'total':>8} {'mm':>7} {'dma':>7} {'vec':>6} {'instr':>6}",
-              file=out)
+        print(f"\n{'step':>5} {'ctx':>4} {'tok':>4} {'pages':>6} {'total':>8} {'mm':>7} {'dma':>7} {'vec':>6} {'instr':>6}"
+              f" {'words':>6}", file=out)
         for r in recs:
             c = r["counters"]
-            print(f"{r['L']:5d} {r['ctx']:4d} {r['tok']:4d} {r['pages']:6d} {c[0]:8d} {c[1]:7d} {c[2]:7d} {c[3]:6d} {c[4]:6d}",
-                  file=out)
+            print(f"{r['L']:5d} {r['ctx']:4d} {r['tok']:4d} {r['pages']:6d} {c[0]:8d} {c[1]:7d} {c[2]:7d} {c[3]:6d} {c[4]:6d}"
+                  f" {r['host_words']:6d}", file=out)
     sums = [sum(r["counters"][i] for r in recs) for i in range(5)]
     print(f"{'total':>5} {'':>4} {'':>4} {'':>6} {sums[0]:8d} {sums[1]:7d} {sums[2]:7d} {sums[3]:6d} {sums[4]:6d}"
           if not a.quiet else f"total cycles {sums[0]} (mm {sums[1]}, dma {sums[2]}, vec {sums[3]}; {sums[4]} instructions)",
