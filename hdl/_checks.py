@@ -8,7 +8,8 @@ __all__ = ["check_int", "check_pow2"]
 
 
 def _reject(owner, exc):
-    setattr(owner, "_MustUse__used", True)
+    if owner is not None:
+        setattr(owner, "_MustUse__used", True)
     raise exc
 
 

@@ -2,29 +2,33 @@
 
 Each non-HALT instruction costs 1 FETCH + 1 ISSUE + B WAIT cycles, B being its unit's busy time (the
 unit's `done` pulse is seen in the last WAIT cycle); HALT costs 2. `cur` decides which unit drives the
-scratchpad ports (spec 2.3); the five counters are cleared by `start` and wrap at 2^counter_bits (2^32).
+scratchpad port (spec 2.3, `PortOwner`); a WAIT cycle counts in the class `hdl.isa.COUNTER_OF` gives its
+opcode; the five counters are cleared by `start` and wrap at 2^counter_bits (2^32).
 """
 
 from amaranth.hdl import Module, Signal
 from amaranth.lib import enum, wiring
-from amaranth.lib.wiring import In, Out
+from amaranth.lib.wiring import In, Out, connect
 
 from .config import BOOK
-from .dma import DMA
-from .isa import HW_OPERANDS, Op
+from .isa import COUNTER_INDEX, COUNTER_OF, HW_OPERANDS, Op
 from .properties import History
-from .scratchpad import Scratchpad
-from .unit_amax import ArgmaxUnit
-from .unit_mm import MatrixUnit
-from .unit_rq import RequantUnit
-from .unit_sm import SoftmaxUnit
-from .unit_st import StoreUnit
-from .unit_unpack import UnpackUnit
-from .unit_vadd import VaddUnit
+from .scratchpad import Scratchpad, SpadPort
+from .units.amax import ArgmaxUnit
+from .units.ld import DMA
+from .units.mm import MatrixUnit
+from .units.rq import RequantUnit
+from .units.sm import SoftmaxUnit
+from .units.st import StoreUnit
+from .units.unpack import UnpackUnit
+from .units.vadd import VaddUnit
 
-__all__ = ["GA2", "SeqState", "CUR_NONE", "CHIP_PROPERTIES"]
+__all__ = ["GA2", "SeqState", "PortOwner", "CUR_NONE", "CHIP_PROPERTIES", "ILLEGAL_COUNTER"]
 
 CUR_NONE = 15       # `cur` when no unit owns the scratchpad
+# The counter of a WAIT cycle whose `cur` names no unit of this chip (an illegal opcode, spec 2.2); every
+# other opcode's class is `hdl.isa.COUNTER_OF`'s.
+ILLEGAL_COUNTER = "vec"
 
 # The chip's properties (hdl/properties.py), by name, with the statement sim.formal prints.
 CHIP_PROPERTIES = {
@@ -42,6 +46,64 @@ class SeqState(enum.Enum, shape=3):
     ISSUE = 2
     WAIT = 3
     HALT = 4
+
+
+class PortOwner(wiring.Component):
+    """The scratchpad's ownership decoder (hardware spec 2.3): ``cur`` picks the unit that drives the port.
+
+    The read side (``raddr``, and ``raddr_x`` of a unit with more read ports) comes from the owner if it
+    reads (its ``READS``), else it is 0; the write enable from the owner if it writes (``WRITES``), else
+    0; the write address and data from the owning writer, and by default (no writer owns the port)
+    from AMAX: harmless, since the write enable is then 0. The registered read data goes to every unit.
+
+    Parameters
+    ----------
+    units : dict of hdl.isa.Op to unit
+        Every unit of the chip by opcode (AMAX among them); each has ``spad``, ``READS`` and ``WRITES``.
+    config : hdl.config.ChipConfig
+        The chip (keyword only; the book's by default): the widths, and ``mm_load`` read ports.
+
+    Ports
+    -----
+    cur : In(4)
+        The owner's opcode (15: nobody).
+    spad : Out(SpadPort.of(config, reads=config.mm_load))
+        To the scratchpad.
+    ld, st, mm, ... : In(unit.spad.signature)
+        One port per unit, named after its opcode, each the flip of the unit's ``spad``.
+    """
+
+    def __init__(self, units, *, config=BOOK):
+        self._units = dict(units)
+        members = {"cur": In(4), "spad": Out(SpadPort.of(config, reads=config.mm_load))}
+        for op, unit in self._units.items():
+            members[op.name.lower()] = In(unit.spad.signature)
+        super().__init__(members)
+
+    def elaborate(self, platform):
+        m = Module()
+        sp = self.spad
+        ports = {op: getattr(self, op.name.lower()) for op in self._units}
+        amax = ports[Op.AMAX]
+        m.d.comb += [sp.raddr.eq(0), sp.we.eq(0), sp.waddr.eq(amax.waddr), sp.wdata.eq(amax.wdata)]
+        for op, port in ports.items():
+            m.d.comb += port.rdata.eq(sp.rdata)
+            if port.signature.reads > 1:
+                m.d.comb += port.rdata_x.eq(sp.rdata_x)
+        with m.Switch(self.cur):
+            for op, unit in self._units.items():
+                port = ports[op]
+                with m.Case(op):
+                    if unit.READS:
+                        m.d.comb += sp.raddr.eq(port.raddr)
+                        if port.signature.reads > 1:
+                            # the scratchpad's other read ports serve only MM's operand staging
+                            m.d.comb += sp.raddr_x.eq(port.raddr_x)
+                    if unit.WRITES:
+                        m.d.comb += sp.we.eq(port.we)
+                        if op != Op.AMAX:
+                            m.d.comb += [sp.waddr.eq(port.waddr), sp.wdata.eq(port.wdata)]
+        return m
 
 
 class GA2(wiring.Component):
@@ -117,6 +179,7 @@ class GA2(wiring.Component):
             (Op.VADD, VaddUnit), (Op.AMAX, ArgmaxUnit), (Op.UNPACK, UnpackUnit))}
         for op, unit in units.items():
             m.submodules[op.name.lower()] = unit
+        every = {Op.LD: ld, **units}
 
         st, pc, cur = self.state, self.pc, self.cur
         ins = Signal(128)
@@ -124,11 +187,9 @@ class GA2(wiring.Component):
         go = Signal()
         m.d.comb += [go.eq(st == SeqState.ISSUE), self.imem_addr.eq(pc)]
 
-        # The wiring lives in two small submodules so that a simulator re-evaluates each only when its
-        # own inputs change: `decode` when a new instruction is fetched or issued, `port` when the
-        # owning unit moves its scratchpad address/write signals or the read data changes.
+        # The instruction wiring lives in a small submodule so that a simulator re-evaluates it only when
+        # a new instruction is fetched or issued.
         m.submodules.decode = dec = Module()
-        m.submodules.port = port = Module()
 
         # ---- units: the instruction register goes to everyone, `start` only to the named unit ----
         for op, unit in units.items():
@@ -158,27 +219,22 @@ class GA2(wiring.Component):
         ]
 
         # ---- scratchpad ownership by `cur` (spec 2.3) ----
-        # The read data is delivered to the owning unit only (the others see 0). This is invisible:
-        # a unit uses `sp_rd` only while busy, and it owns the port (cur) for its whole busy time;
-        # it spares the simulator from waking the idle units on every read.
-        amax = units[Op.AMAX]
-        port.d.comb += [sp.raddr.eq(0), sp.we.eq(0), sp.waddr.eq(amax.wa), sp.wdata.eq(amax.wd)]
+        m.submodules.port = owner = PortOwner(every, config=cfg)
+        m.d.comb += owner.cur.eq(cur)
+        connect(m, owner.spad, sp.port)
+        for op, unit in every.items():
+            connect(m, unit.spad, getattr(owner, op.name.lower()))
+        # the owner's done ends the WAIT (none while no unit owns the port)
         done = Signal()
-        with port.Switch(cur):
-            with port.Case(Op.LD):
-                port.d.comb += [sp.we.eq(ld.we), sp.waddr.eq(ld.wa), sp.wdata.eq(ld.wd), done.eq(ld.done)]
-            with port.Case(Op.ST):
-                port.d.comb += [sp.raddr.eq(store.ra), store.sp_rd.eq(sp.rdata), done.eq(store.done)]
-            for op in (Op.MM, Op.RQ, Op.SM, Op.VADD, Op.AMAX, Op.UNPACK):
-                unit = units[op]
-                with port.Case(op):
-                    port.d.comb += [sp.raddr.eq(unit.ra), sp.we.eq(unit.we), unit.sp_rd.eq(sp.rdata),
-                                    done.eq(unit.done)]
-                    if op != Op.AMAX:
-                        port.d.comb += [sp.waddr.eq(unit.wa), sp.wdata.eq(unit.wd)]
-                    if op == Op.MM and cfg.mm_load > 1:
-                        # the scratchpad's other read ports serve only MM's operand staging
-                        port.d.comb += [sp.raddr_x.eq(unit.ra_x), unit.sp_rd_x.eq(sp.rdata_x)]
+        with m.Switch(cur):
+            for op, unit in every.items():
+                with m.Case(op):
+                    m.d.comb += done.eq(unit.done)
+
+        # The WAIT-cycle counter of each opcode of this chip, by its class (hdl.isa.COUNTER_OF).
+        counters = [self.cyc_total, self.cyc_mm, self.cyc_dma, self.cyc_vec, self.n_inst]
+        counter_of = {cls: counters[k] for cls, k in COUNTER_INDEX.items()}
+        ops_of = {cls: ops for cls in counter_of if (ops := [op for op in every if COUNTER_OF[op] == cls])}
 
         # ---- sequencer (spec 2.2) ----
         with m.Switch(st):
@@ -200,21 +256,21 @@ class GA2(wiring.Component):
                     m.d.sync += [st.eq(SeqState.WAIT), cur.eq(opcode)]
             with m.Case(SeqState.WAIT):
                 m.d.sync += self.cyc_total.eq(self.cyc_total + 1)
-                with m.If(cur == Op.MM):
-                    m.d.sync += self.cyc_mm.eq(self.cyc_mm + 1)
-                with m.Elif((cur == Op.LD) | (cur == Op.ST)):
-                    m.d.sync += self.cyc_dma.eq(self.cyc_dma + 1)
-                with m.Else():
-                    m.d.sync += self.cyc_vec.eq(self.cyc_vec + 1)
+                with m.Switch(cur):
+                    for cls, ops in ops_of.items():
+                        with m.Case(*ops):
+                            m.d.sync += counter_of[cls].eq(counter_of[cls] + 1)
+                    with m.Default():
+                        m.d.sync += counter_of[ILLEGAL_COUNTER].eq(counter_of[ILLEGAL_COUNTER] + 1)
                 with m.If(done):
                     m.d.sync += [pc.eq(pc + 1), self.n_inst.eq(self.n_inst + 1),
                                  cur.eq(CUR_NONE), st.eq(SeqState.FETCH)]
             # HALT: nothing until rst.
 
-        self._check_properties(m, ins, sp, ld, units)
+        self._check_properties(m, ins, sp.port, every)
         return m
 
-    def _check_properties(self, m, ins, sp, ld, units):
+    def _check_properties(self, m, ins, sp, every):
         """The chip's properties (``CHIP_PROPERTIES``) as Asserts; ``python -m sim.formal`` proves them."""
         h = History(m, "chip")
         st, cur = self.state, self.cur
@@ -222,14 +278,14 @@ class GA2(wiring.Component):
 
         # Only the owner writes: a unit raises `we` only while it owns the port, and the scratchpad's
         # write port carries exactly the owner's write (nothing when no writing unit owns it).
-        writers = {Op.LD: ld, **{op: u for op, u in units.items() if op != Op.ST}}
+        writers = {op: u.spad for op, u in every.items() if u.WRITES}
         owned = 0
         for op, u in writers.items():
             mine = cur == op
             owned = owned | mine
             h.check("owner_writes", ~u.we | mine, t["owner_writes"])
-            h.check("owner_writes", ~mine | ((sp.we == u.we) & (~u.we | ((sp.waddr == u.wa) &
-                                                                         (sp.wdata == u.wd)))),
+            h.check("owner_writes", ~mine | ((sp.we == u.we) & (~u.we | ((sp.waddr == u.waddr) &
+                                                                         (sp.wdata == u.wdata)))),
                     t["owner_writes"])
         h.check("owner_writes", owned | ~sp.we, t["owner_writes"])
 

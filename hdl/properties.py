@@ -13,7 +13,7 @@ from amaranth.hdl import Assert, ResetSignal, Signal, Value
 
 __all__ = ["History", "unit_protocol", "UNIT_PROPERTIES"]
 
-# The start/busy/done contract that every unit (the seven of hdl/unit_*.py and the LD engine) obeys,
+# The start/busy/done contract that every unit (the seven of hdl/units/ and the LD engine) obeys,
 # by property name; the text is the one-line statement printed by sim.formal and used in the message.
 UNIT_PROPERTIES = {
     "done_ends_busy": "done only in the cycle after a busy one, with busy low (never while idle)",

@@ -2,7 +2,7 @@
 
 `rdata` shows mem[raddr] in the same cycle; a write in cycle c is visible from cycle c+1 on, so a read of
 the address being written returns the old value during the write cycle. No reset. The MM unit holds its
-eight operand memories as the lanes of one Memory with this same behaviour per lane (hdl/unit_mm.py).
+eight operand memories as the lanes of one Memory with this same behaviour per lane (hdl/units/mm.py).
 """
 from amaranth.hdl import Module, signed
 from amaranth.lib import wiring

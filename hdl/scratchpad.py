@@ -2,6 +2,10 @@
 
 The address presented in cycle c is sampled at the end of c and its data is visible in c+1; a write to
 the same address at that edge is not seen (the old word comes out). The read register has no enable.
+
+`SpadPort` is the one description of that port: every unit drives it (``unit.spad``), the scratchpad
+takes it flipped (``Scratchpad.port``), and the chip joins them with ``wiring.connect`` through its
+ownership decoder (`hdl.chip.PortOwner`).
 """
 from amaranth.hdl import Module
 from amaranth.lib import data, wiring
@@ -11,7 +15,72 @@ from amaranth.lib.wiring import In, Out
 from hdl._checks import check_int, check_pow2
 from hdl.config import BOOK
 
-__all__ = ["Scratchpad"]
+__all__ = ["SpadPort", "Scratchpad"]
+
+
+class SpadPort(wiring.Signature):
+    """The scratchpad port as a unit sees it: it drives the addresses and the write, it receives the read data.
+
+    Parameters
+    ----------
+    addr_bits : int
+        Width of the read and write addresses, at least 1.
+    data_bits : int
+        Width of a word, at least 1.
+    reads : int, optional
+        Read ports, at least 1 (default 1). Port 0 is ``raddr``/``rdata``, the others
+        ``raddr_x``/``rdata_x`` (only the MM unit of a chip with ``mm_load`` > 1 has them).
+
+    Members
+    -------
+    raddr : Out(addr_bits)
+        Read address, sampled by the scratchpad at the closing edge.
+    rdata : In(data_bits)
+        The registered read data: the word at the previous cycle's ``raddr``, as it was before that
+        edge's write.
+    we : Out(1)
+        Write enable.
+    waddr : Out(addr_bits)
+    wdata : Out(data_bits)
+    raddr_x, rdata_x : Out(ArrayLayout(addr_bits, reads-1)), In(ArrayLayout(data_bits, reads-1))
+        Read ports 1 .. reads-1, each like port 0; only when `reads` > 1.
+
+    Raises
+    ------
+    TypeError, ValueError
+        If a width or `reads` is not an integer of at least 1.
+    """
+
+    def __init__(self, addr_bits, data_bits, reads=1):
+        self.addr_bits = check_int(None, "addr_bits", addr_bits, 1)
+        self.data_bits = check_int(None, "data_bits", data_bits, 1)
+        self.reads = check_int(None, "reads", reads, 1)
+        members = {
+            "raddr": Out(addr_bits),
+            "rdata": In(data_bits),
+            "we":    Out(1),
+            "waddr": Out(addr_bits),
+            "wdata": Out(data_bits),
+        }
+        if reads > 1:
+            members["raddr_x"] = Out(data.ArrayLayout(addr_bits, reads - 1))
+            members["rdata_x"] = In(data.ArrayLayout(data_bits, reads - 1))
+        super().__init__(members)
+
+    @classmethod
+    def of(cls, config=BOOK, reads=1):
+        """The port of the scratchpad of chip `config` with `reads` read ports."""
+        return cls(config.spad_addr_bits, config.word_bits, reads)
+
+    def __eq__(self, other):
+        return (type(other) is SpadPort and
+                (self.addr_bits, self.data_bits, self.reads) == (other.addr_bits, other.data_bits, other.reads))
+
+    def __hash__(self):
+        return hash((SpadPort, self.addr_bits, self.data_bits, self.reads))
+
+    def __repr__(self):
+        return f"SpadPort({self.addr_bits}, {self.data_bits}, reads={self.reads})"
 
 
 class Scratchpad(wiring.Component):
@@ -25,22 +94,15 @@ class Scratchpad(wiring.Component):
         Bits per word, at least 1 (default ``config.word_bits``).
     reads : int, optional
         Read ports, at least 1 (default ``config.mm_load``: the MM unit stages that many operand
-        elements a cycle, one a port). Port 0 is ``raddr``/``rdata``, the others ``raddr_x``/``rdata_x``.
+        elements a cycle, one a port).
     config : hdl.config.ChipConfig
         The chip whose scratchpad this is (keyword only; the book's chip by default).
 
     Ports
     -----
-    raddr : In(log2(depth))
-        Read address, sampled at the closing edge.
-    rdata : Out(width)
-        The word at the raddr of the previous cycle (contents before that edge's write).
-    we : In(1)
-        Write enable.
-    waddr : In(log2(depth))
-    wdata : In(width)
-    raddr_x, rdata_x : In(ArrayLayout(log2(depth), reads-1)), Out(ArrayLayout(width, reads-1))
-        Read ports 1 .. reads-1, each like port 0; only when `reads` > 1.
+    port : In(SpadPort(log2(depth), width, reads))
+        The port, flipped: the scratchpad takes the addresses and the write and returns ``rdata``
+        (and ``rdata_x``), the word at the previous cycle's address before that edge's write.
 
     Attributes
     ----------
@@ -61,17 +123,7 @@ class Scratchpad(wiring.Component):
         check_int(self, "width", width, 1)
         check_int(self, "reads", reads, 1)
         self._depth, self._width, self._reads = depth, width, reads
-        ports = {
-            "raddr": In(aw),
-            "rdata": Out(width),
-            "we":    In(1),
-            "waddr": In(aw),
-            "wdata": In(width),
-        }
-        if reads > 1:
-            ports["raddr_x"] = In(data.ArrayLayout(aw, reads - 1))
-            ports["rdata_x"] = Out(data.ArrayLayout(width, reads - 1))
-        super().__init__(ports)
+        super().__init__({"port": In(SpadPort(aw, width, reads))})
         self.memory = Memory(shape=width, depth=depth, init=[])
 
     @property
@@ -95,15 +147,16 @@ class Scratchpad(wiring.Component):
         # The two directions in separate submodules: a simulator then re-evaluates the input side when
         # the addresses move and the output side when the read data does, each alone.
         m.submodules.ports_in = ports_in = Module()
+        p = self.port
         ports_in.d.comb += [
-            wr.en.eq(self.we),
-            wr.addr.eq(self.waddr),
-            wr.data.eq(self.wdata),
-            rd.addr.eq(self.raddr),
+            wr.en.eq(p.we),
+            wr.addr.eq(p.waddr),
+            wr.data.eq(p.wdata),
+            rd.addr.eq(p.raddr),
         ]
-        m.d.comb += self.rdata.eq(rd.data)
+        m.d.comb += p.rdata.eq(rd.data)
         for j in range(self._reads - 1):
             rd_x = self.memory.read_port(domain="sync", transparent_for=())    # like port 0
-            ports_in.d.comb += rd_x.addr.eq(self.raddr_x[j])
-            m.d.comb += self.rdata_x[j].eq(rd_x.data)
+            ports_in.d.comb += rd_x.addr.eq(p.raddr_x[j])
+            m.d.comb += p.rdata_x[j].eq(rd_x.data)
         return m

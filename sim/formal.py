@@ -1,7 +1,7 @@
 """Formal proofs of the design's properties with SymbiYosys: ``python -m sim.formal [--depth N] [--only NAME]``.
 
 The properties are the `Assert` statements the design carries (`hdl.properties`, `hdl.chip`): the
-start/busy/done contract of every unit (the seven of hdl/unit_*.py and the LD engine `hdl.dma.DMA`), and
+start/busy/done contract of every unit (the seven of hdl/units/ and the LD engine `hdl.units.ld.DMA`), and
 four facts about the chip (scratchpad ownership, the LD write range, the counter relation, HALT).
 
 How a target is proved: the component is emitted as RTLIL (`amaranth.back.rtlil`) with all its inputs free
@@ -128,15 +128,15 @@ class ChipEnv(wiring.Component):
 def targets() -> list[Target]:
     """Every target: the seven units, the LD engine and the chip, in that order."""
     from hdl.chip import CHIP_PROPERTIES
-    from hdl.dma import DMA
     from hdl.properties import UNIT_PROPERTIES
-    from hdl.unit_amax import ArgmaxUnit
-    from hdl.unit_mm import MatrixUnit
-    from hdl.unit_rq import RequantUnit
-    from hdl.unit_sm import SoftmaxUnit
-    from hdl.unit_st import StoreUnit
-    from hdl.unit_unpack import UnpackUnit
-    from hdl.unit_vadd import VaddUnit
+    from hdl.units.amax import ArgmaxUnit
+    from hdl.units.ld import DMA
+    from hdl.units.mm import MatrixUnit
+    from hdl.units.rq import RequantUnit
+    from hdl.units.sm import SoftmaxUnit
+    from hdl.units.st import StoreUnit
+    from hdl.units.unpack import UnpackUnit
+    from hdl.units.vadd import VaddUnit
 
     units = [StoreUnit, MatrixUnit, RequantUnit, SoftmaxUnit, VaddUnit, ArgmaxUnit, UnpackUnit]
     every = frozenset(UNIT_PROPERTIES)

@@ -8,7 +8,7 @@ import random
 import pytest
 
 from hdl.config import ChipConfig
-from hdl.dma import DMA
+from hdl.units.ld import DMA
 from tests.simutil import built, run
 
 
@@ -38,7 +38,7 @@ def transfer(jobs, lat, ext, aw=12, xw=16, stray_start=False):
                 ctx.set(dut.resp_valid, valid)
                 ctx.set(dut.resp_data, word)
                 req = (ctx.get(dut.req_addr),) if ctx.get(dut.req_valid) else None
-                write = (ctx.get(dut.wa), ctx.get(dut.wd)) if ctx.get(dut.we) else None
+                write = (ctx.get(dut.spad.waddr), ctx.get(dut.spad.wdata)) if ctx.get(dut.spad.we) else None
                 log[w] = (req, write, ctx.get(dut.done), ctx.get(dut.busy))
                 new = (1, ext[req[0]] if req[0] < len(ext) else 0xDEADBEEF) if req else (0, 0)
                 pipe = [new] + pipe[:-1]
@@ -108,10 +108,10 @@ def test_bad_parameters(kw, exc):
 
 def test_ports():
     d = built(DMA())
-    assert d.req_addr.shape().width == 16 and d.wa.shape().width == 12 and d.length.shape().width == 12
+    assert d.req_addr.shape().width == 16 and d.spad.waddr.shape().width == 12 and d.length.shape().width == 12
 
 
 def test_widths_from_config():
     """Without explicit widths the engine takes the scratchpad's address width from the configuration."""
     d = built(DMA(config=ChipConfig(spad_depth=1024)))
-    assert d.wa.shape().width == 10 and d.length.shape().width == 10 and d.req_addr.shape().width == 16
+    assert d.spad.waddr.shape().width == 10 and d.length.shape().width == 10 and d.req_addr.shape().width == 16

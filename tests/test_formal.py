@@ -14,10 +14,11 @@ from amaranth.sim import Simulator
 
 import hdl.chip
 from hdl.chip import GA2, SeqState
-from hdl.dma import DMA
+import hdl.units.vadd
 from hdl.isa import HW_OPERANDS, Op
-from hdl.unit_amax import ArgmaxUnit
-from hdl.unit_st import StoreUnit
+from hdl.units.amax import ArgmaxUnit
+from hdl.units.ld import DMA
+from hdl.units.st import StoreUnit
 from sim import formal
 
 # The formal tools are test dependencies (the test extra pulls them in): a missing one fails this module
@@ -71,13 +72,13 @@ class SelfStart(StoreUnit):
 
 def vadd_restarting():
     """VADD whose start condition forgets busy (a start while busy re-latches): a source variant."""
-    path = Path(hdl.chip.__file__).with_name("unit_vadd.py")
+    path = Path(hdl.units.vadd.__file__)
     text = path.read_text()
     old = "with m.If(self.start & ~self.busy):"
     assert text.count(old) == 1
     spec = importlib.util.spec_from_loader("hdl._vadd_restarting", loader=None)
     mod = importlib.util.module_from_spec(spec)
-    mod.__package__ = "hdl"
+    mod.__package__ = "hdl.units"
     exec(compile(text.replace(old, "with m.If(self.start):"), str(path), "exec"), mod.__dict__)
     return mod.VaddUnit
 
@@ -110,7 +111,7 @@ class LateAmax(ArgmaxUnit):
         late = Signal()
         m.d.sync += late.eq(self.done)
         with m.If(late):
-            m.d.comb += self.we.eq(1)
+            m.d.comb += self.spad.we.eq(1)
         return m
 
 
@@ -121,7 +122,9 @@ class LongDMA(DMA):
         m.submodules.inner = inner = DMA(self.aw, self.xw)
         for name, member in self.signature.members.items():
             mine, theirs = getattr(self, name), getattr(inner, name)
-            if member.flow == wiring.In:
+            if member.is_signature:
+                wiring.connect(m, wiring.flipped(mine), theirs)      # the scratchpad port, forwarded
+            elif member.flow == wiring.In:
                 m.d.comb += theirs.eq(mine + 1 if name == "length" else mine)
             else:
                 m.d.comb += mine.eq(theirs)

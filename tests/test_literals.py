@@ -33,7 +33,7 @@ PATTERNS: dict[str, re.Pattern] = {
 ALLOWED: dict[tuple[str, str, str], str] = {
     ("hdl/arith.py", "divider numerator 1 << 38", "SOFTMAX_NUM = 1 << 38"):
         "the one definition of the SM unit's numerator (arithmetic, not a chip dimension); the golden "
-        "softmax, hdl.softmax and hdl.unit_sm import it",
+        "softmax, hdl.softmax and hdl.units.sm import it",
     ("sim/paging_study.py", "scratchpad depth 4096", "WINDOW_4 = "):
         "the paging study's serving arithmetic: a 4096-token window of a 7e9-parameter model, not this chip",
 }

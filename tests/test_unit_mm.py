@@ -10,7 +10,7 @@ import pytest
 from hdl.arith import s8, s32, u32
 from hdl.config import BOOK, ChipConfig
 from hdl.isa import mm, mm_busy_cycles, operands
-from hdl.unit_mm import MatrixUnit
+from hdl.units.mm import MatrixUnit
 from tests.unitbench import SPAD_DEPTH, nonzero_words, simulate
 
 

@@ -7,7 +7,7 @@ import random
 
 from hdl.arith import softmax_q16
 from hdl.isa import operands, sm
-from hdl.unit_sm import SoftmaxUnit
+from hdl.units.sm import SoftmaxUnit
 from tests.unitbench import SPAD_DEPTH, nonzero_words, simulate
 
 

@@ -15,11 +15,11 @@ from amaranth.sim import Simulator
 
 from hdl import isa
 from hdl.arith import argmax_first, requant, u32, unpack_word, vadd_sat
-from hdl.unit_amax import ArgmaxUnit
-from hdl.unit_rq import RequantUnit
-from hdl.unit_st import StoreUnit
-from hdl.unit_unpack import UnpackUnit
-from hdl.unit_vadd import VaddUnit
+from hdl.units.amax import ArgmaxUnit
+from hdl.units.rq import RequantUnit
+from hdl.units.st import StoreUnit
+from hdl.units.unpack import UnpackUnit
+from hdl.units.vadd import VaddUnit
 from sim.progen import ignored_bits
 
 SPAD = 4096
@@ -56,16 +56,16 @@ def run_unit(unit, jobs, disturb=None):
                     break
                 stray = disturb is not None and disturb.random() < 0.2
                 ctx.set(unit.start, stray)            # busy here: the unit must ignore it
-                ra = ctx.get(unit.ra)
+                ra = ctx.get(unit.spad.raddr)
                 rd = spad.get(ra, 0)
                 if has_ext:
                     if ctx.get(unit.wr_valid):
                         ext[ctx.get(unit.wr_addr)] = ctx.get(unit.wr_data)
-                elif ctx.get(unit.we):
-                    spad[ctx.get(unit.wa)] = ctx.get(unit.wd)
+                elif ctx.get(unit.spad.we):
+                    spad[ctx.get(unit.spad.waddr)] = ctx.get(unit.spad.wdata)
                 await ctx.tick()
                 ctx.set(unit.start, 0)
-                ctx.set(unit.sp_rd, rd)
+                ctx.set(unit.spad.rdata, rd)
             else:
                 raise AssertionError(f"{ins} never raised done")
             await ctx.tick()

@@ -1,5 +1,5 @@
-"""Test fixture for one chip unit on its own: a Scratchpad wired to the unit's ports, as the chip does while
-the unit owns the scratchpad (hardware spec 2.3).
+"""Test fixture for one chip unit on its own: a Scratchpad connected to the unit's ``spad`` port, as the chip
+does while the unit owns the scratchpad (hardware spec 2.3).
 
 The testbench helpers follow the common protocol of spec 4: `issue` drives start for one cycle (the ISSUE
 cycle), then counts WAIT cycles W1, W2, ... until done is seen; the count is the busy time B.
@@ -9,6 +9,7 @@ from __future__ import annotations
 import random
 
 from amaranth.hdl import Elaboratable, Module
+from amaranth.lib.wiring import connect
 from amaranth.sim import Simulator
 
 from hdl.scratchpad import Scratchpad
@@ -39,22 +40,15 @@ class UnitBench(Elaboratable):
 
     def __init__(self, unit):
         self.unit = unit
-        # the unit's chip's scratchpad (with as many read ports as its MM unit uses)
-        self.scratchpad = Scratchpad(depth=SPAD_DEPTH, width=32, config=unit.config)
+        # the unit's chip's scratchpad, with as many read ports as the unit's port has
+        self.scratchpad = Scratchpad(depth=SPAD_DEPTH, width=32, reads=unit.spad.signature.reads,
+                                     config=unit.config)
 
     def elaborate(self, platform):
         m = Module()
         m.submodules.unit = u = self.unit
         m.submodules.scratchpad = sp = self.scratchpad
-        m.d.comb += [
-            sp.raddr.eq(u.ra),
-            sp.we.eq(u.we),
-            sp.waddr.eq(u.wa),
-            sp.wdata.eq(u.wd),
-            u.sp_rd.eq(sp.rdata),
-        ]
-        if hasattr(u, "ra_x"):
-            m.d.comb += [sp.raddr_x.eq(u.ra_x), u.sp_rd_x.eq(sp.rdata_x)]
+        connect(m, u.spad, sp.port)
         return m
 
     # ---- testbench helpers (call from inside an async testbench) ----------------------------------
@@ -95,9 +89,10 @@ class UnitBench(Elaboratable):
             ctx.set(u.start, n in stray)
             done = ctx.get(u.done)
             if hang:
-                assert not done and not ctx.get(u.we), f"instruction {word:#034x} acted in W{n}"
+                assert not done and not ctx.get(u.spad.we), f"instruction {word:#034x} acted in W{n}"
             if trace:
-                cycles.append(Cycle(n, ctx.get(u.ra), ctx.get(u.we), ctx.get(u.wa), ctx.get(u.wd),
+                p = u.spad
+                cycles.append(Cycle(n, ctx.get(p.raddr), ctx.get(p.we), ctx.get(p.waddr), ctx.get(p.wdata),
                                     ctx.get(u.busy), done))
             if done:
                 ctx.set(u.start, 0)
@@ -113,7 +108,7 @@ class UnitBench(Elaboratable):
         """Clock n cycles with start low, checking that the idle unit writes nothing and stays quiet."""
         u = self.unit
         for _ in range(n):
-            assert (ctx.get(u.we), ctx.get(u.busy), ctx.get(u.done)) == (0, 0, 0)
+            assert (ctx.get(u.spad.we), ctx.get(u.busy), ctx.get(u.done)) == (0, 0, 0)
             await ctx.tick()
 
 

@@ -6,8 +6,9 @@ Element k is compared in W(k+2); the index is written once, in W(len+2) while `f
 
 from amaranth.hdl import Module, Signal, signed
 
-from .isa import Op
-from .unit import SpadUnit
+from hdl.isa import Op
+
+from .base import SpadUnit
 
 __all__ = ["ArgmaxUnit"]
 
@@ -15,8 +16,8 @@ __all__ = ["ArgmaxUnit"]
 class ArgmaxUnit(SpadUnit):
     """spad[dst] = index of the first maximum of s32(spad[src .. src+len-1]).
 
-    The ports are `SpadUnit`'s. dst, src and len are latched at E0; ``ra = src + i``; the write port has
-    ``we = fin``, ``wa = dst`` and ``wd`` = the index zero-extended; ``done`` is high in W(len+3).
+    The ports are `SpadUnit`'s. dst, src and len are latched at E0; ``spad.raddr = src + i``; the write port
+    has ``we = fin``, ``waddr = dst`` and ``wdata`` = the index zero-extended; ``done`` is high in W(len+3).
     """
 
     OP = Op.AMAX
@@ -33,10 +34,10 @@ class ArgmaxUnit(SpadUnit):
         fin = Signal()
 
         m.d.comb += [
-            self.ra.eq(src + i),
-            self.we.eq(fin),
-            self.wa.eq(dst),
-            self.wd.eq(bidx),
+            self.spad.raddr.eq(src + i),
+            self.spad.we.eq(fin),
+            self.spad.waddr.eq(dst),
+            self.spad.wdata.eq(bidx),
         ]
         self.done_pulse(m)
         with m.If(self.start & ~self.busy):
@@ -52,8 +53,8 @@ class ArgmaxUnit(SpadUnit):
                     m.d.sync += i.eq(i + 1)
                 with m.If(v):
                     # j == 0 loads the first element whatever `best` held before.
-                    with m.If((j == 0) | (self.sp_rd.as_signed() > best)):
-                        m.d.sync += [best.eq(self.sp_rd), bidx.eq(j)]
+                    with m.If((j == 0) | (self.spad.rdata.as_signed() > best)):
+                        m.d.sync += [best.eq(self.spad.rdata), bidx.eq(j)]
                     m.d.sync += j.eq(j + 1)
                     with m.If(j == n - 1):
                         m.d.sync += fin.eq(1)

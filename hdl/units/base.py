@@ -2,15 +2,17 @@
 
 A unit acts on `start` (the sequencer's ISSUE cycle) only while not busy: at that edge E0 it latches its
 operands from `ins` and raises `busy`; at its last working edge it drops `busy` and raises the registered
-one-cycle `done`, which the sequencer sees in the last WAIT cycle W_B.
+one-cycle `done`, which the sequencer sees in the last WAIT cycle W_B. Every unit talks to the
+scratchpad through one member, ``spad`` (`hdl.scratchpad.SpadPort`); the chip routes the owner's by ``cur``.
 """
 from amaranth.hdl import Cat, Signal
 from amaranth.lib import data, wiring
 from amaranth.lib.wiring import In, Out
 
-from .config import BOOK
-from .isa import HW_OPERANDS, Op
-from .properties import unit_protocol
+from hdl.config import BOOK
+from hdl.isa import HW_OPERANDS, Op
+from hdl.properties import unit_protocol
+from hdl.scratchpad import SpadPort
 
 __all__ = ["Unit", "SpadUnit", "operand", "operand_layout", "operand_bits"]
 
@@ -34,8 +36,10 @@ def operand_bits(ins, op):
 class Unit(wiring.Component):
     """Base class of the units: the ports the chip connects by name, and the start/done skeleton.
 
-    A subclass sets `OP` to its opcode and adds its ports in `ports` (see `SpadUnit`). Its operands are
-    latched into one register of ``operand_layout(OP)``: one signal for a simulator to update.
+    A subclass sets `OP` to its opcode and adds its ports in `ports`. Its operands are latched into one
+    register of ``operand_layout(OP)``: one signal for a simulator to update. `READS` and `WRITES` say
+    which side of the scratchpad port the unit uses (hardware spec 2.3: the chip routes only those); a
+    plain `Unit` reads, a `SpadUnit` also writes.
 
     Parameters
     ----------
@@ -53,13 +57,14 @@ class Unit(wiring.Component):
         High from E0 until the unit's last working edge.
     done : Out(1)
         Registered one-cycle pulse in the unit's last WAIT cycle.
-    ra : Out(config.spad_addr_bits)
-        Scratchpad read address.
-    sp_rd : In(config.word_bits)
-        The scratchpad's registered read data (the word at the previous cycle's ``ra``).
+    spad : Out(SpadPort.of(config))
+        The scratchpad port: ``raddr`` out, the registered ``rdata`` (the word at the previous cycle's
+        ``raddr``) in; ``we``/``waddr``/``wdata`` stay 0 unless the unit writes (`SpadUnit`).
     """
 
     OP: Op = None
+    READS = True
+    WRITES = False
 
     def __init__(self, *, config=BOOK):
         self.config = config
@@ -73,8 +78,7 @@ class Unit(wiring.Component):
             "ins":   In(128),
             "busy":  Out(1),
             "done":  Out(1),
-            "ra":    Out(cfg.spad_addr_bits),
-            "sp_rd": In(cfg.word_bits),
+            "spad":  Out(SpadPort.of(cfg)),
         }
 
     def addr_signal(self, name):
@@ -94,9 +98,9 @@ class Unit(wiring.Component):
         m.d.sync += [self.busy.eq(0), self.done.eq(1)]
 
     def stream(self, m, i, j, v, n, last, each=None):
-        """The read skeleton: element i's address goes out now, its word is in ``sp_rd`` next cycle.
+        """The read skeleton: element i's address goes out now, its word is in ``spad.rdata`` next cycle.
 
-        `v` is set in the cycle in which ``sp_rd`` holds element `j`; then `each` (if any) runs and j
+        `v` is set in the cycle in which ``spad.rdata`` holds element `j`; then `each` (if any) runs and j
         steps. `last` runs in the cycle of element n-1, under that condition. ``n - 1`` is signed in
         Amaranth: with n = 0 it is -1 and never matches, as in the RTL.
         """
@@ -114,7 +118,7 @@ class Unit(wiring.Component):
         """The whole control of a unit that streams `n` words once (ST, RQ); returns (i, j, v).
 
         At E0 the operands are latched into `opr` and i = j = v = 0; then `stream` runs until element
-        n-1 is in ``sp_rd``, whose cycle finishes the unit: ``done`` is high in W(n+2).
+        n-1 is in ``spad.rdata``, whose cycle finishes the unit: ``done`` is high in W(n+2).
         """
         i = self.addr_signal("i")
         j = self.addr_signal("j")
@@ -140,14 +144,6 @@ class Unit(wiring.Component):
 
 
 class SpadUnit(Unit):
-    """A unit that writes the scratchpad: `Unit`'s ports plus the write port the chip routes by ``cur``.
+    """A unit that also writes the scratchpad: the chip routes its ``spad.we/waddr/wdata`` by ``cur``."""
 
-    Ports
-    -----
-    we, wa, wd : Out(1), Out(config.spad_addr_bits), Out(config.word_bits)
-        Scratchpad write enable, address and data.
-    """
-
-    def ports(self, cfg):
-        return {**super().ports(cfg),
-                "we": Out(1), "wa": Out(cfg.spad_addr_bits), "wd": Out(cfg.word_bits)}
+    WRITES = True

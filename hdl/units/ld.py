@@ -11,12 +11,17 @@ from amaranth.lib.wiring import In, Out
 from hdl._checks import check_int
 from hdl.config import BOOK
 from hdl.properties import unit_protocol
+from hdl.scratchpad import SpadPort
 
 __all__ = ["DMA"]
 
 
 class DMA(wiring.Component):
-    """Block-read DMA with one outstanding request per cycle and fixed-latency responses.
+    """Block-read DMA with one outstanding request per cycle and fixed-latency responses: the LD unit.
+
+    Its operands come in as ports (``dst``, ``src``, ``length``: the chip slices them from the
+    instruction), not from ``ins``; like every unit it talks to the scratchpad through ``spad``, of
+    which it uses the write side only (`READS`, `WRITES`: hardware spec 2.3).
 
     Parameters
     ----------
@@ -47,18 +52,19 @@ class DMA(wiring.Component):
     resp_valid : In(1)
         Response word present (LAT cycles after its request).
     resp_data : In(config.word_bits)
-    we : Out(1)
-        Scratchpad write enable, equal to resp_valid.
-    wa : Out(aw)
-        dst + number of responses already received, wrapping at aw bits.
-    wd : Out(config.word_bits)
-        resp_data passed through.
+    spad : Out(SpadPort(aw, config.word_bits))
+        The scratchpad port, write side only (``raddr`` stays 0, ``rdata`` is not used): ``we`` equals
+        resp_valid, ``waddr`` is dst + number of responses already received, wrapping at aw bits, and
+        ``wdata`` is resp_data passed through.
 
     Raises
     ------
     TypeError, ValueError
         If `aw` or `xw` is not an integer of at least 1.
     """
+
+    READS = False
+    WRITES = True
 
     def __init__(self, aw=None, xw=None, *, config=BOOK):
         aw = config.spad_addr_bits if aw is None else aw
@@ -77,9 +83,7 @@ class DMA(wiring.Component):
             "req_addr":   Out(xw),
             "resp_valid": In(1),
             "resp_data":  In(config.word_bits),
-            "we":         Out(1),
-            "wa":         Out(aw),
-            "wd":         Out(config.word_bits),
+            "spad":       Out(SpadPort(aw, config.word_bits)),
         })
 
     @property
@@ -102,9 +106,9 @@ class DMA(wiring.Component):
         m.d.comb += [
             self.req_valid.eq(self.busy & pending),
             self.req_addr.eq(src_r + issued),
-            self.we.eq(self.resp_valid),
-            self.wa.eq(dst_r + recvd),
-            self.wd.eq(self.resp_data),
+            self.spad.we.eq(self.resp_valid),
+            self.spad.waddr.eq(dst_r + recvd),
+            self.spad.wdata.eq(self.resp_data),
         ]
 
         m.d.sync += self.done.eq(0)

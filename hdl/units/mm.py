@@ -23,11 +23,13 @@ the rows and columns past them are fed zeros they never use.
 from amaranth.hdl import Cat, Module, Mux, Signal, signed
 from amaranth.lib import data
 from amaranth.lib.memory import Memory
-from amaranth.lib.wiring import In, Out
+from amaranth.lib.wiring import Out
 
 from hdl.isa import Op
+from hdl.scratchpad import SpadPort
 from hdl.systolic import SystolicArray
-from hdl.unit import SpadUnit, operand
+
+from .base import SpadUnit, operand
 
 __all__ = ["MatrixUnit"]
 
@@ -35,28 +37,22 @@ __all__ = ["MatrixUnit"]
 class MatrixUnit(SpadUnit):
     """The MM unit: stages A and B into operand memories, runs the array, writes C to the scratchpad.
 
-    The ports are `SpadUnit`'s, plus, when ``config.mm_load`` = L > 1, the scratchpad's other L-1 read
-    ports. dst, A, B, lda, ldb, M, K, N, tb and ldc are latched at E0; ``ra`` is the ``ptr`` register;
+    The ports are `SpadUnit`'s, with L = ``config.mm_load`` read ports in ``spad``. dst, A, B, lda, ldb, M, K, N, tb and ldc are latched at E0; ``spad.raddr`` is the ``ptr`` register;
     only bits 7:0 of the read data are used; the write port is active in OUT. All operands are staged
     before any result is written, so the operand and result regions may overlap freely. Results wrap
     at 32 bits.
 
     Ports
     -----
-    ra_x : Out(ArrayLayout(unsigned(spad_addr_bits), L - 1)), only when L > 1
-        Read address of scratchpad read port j+1: ``ptr + (j+1)*step``.
-    sp_rd_x : In(ArrayLayout(unsigned(word_bits), L - 1)), only when L > 1
-        The registered read data of those ports.
+    spad : Out(SpadPort.of(config, reads=L))
+        The scratchpad port; when L > 1, ``spad.raddr_x[j]`` is the address of read port j+1,
+        ``ptr + (j+1)*step``, and ``spad.rdata_x[j]`` its registered read data.
     """
 
     OP = Op.MM
 
     def ports(self, cfg):
-        ports = super().ports(cfg)
-        if cfg.mm_load > 1:
-            ports["ra_x"] = Out(data.ArrayLayout(cfg.spad_addr_bits, cfg.mm_load - 1))
-            ports["sp_rd_x"] = In(data.ArrayLayout(cfg.word_bits, cfg.mm_load - 1))
-        return ports
+        return {**super().ports(cfg), "spad": Out(SpadPort.of(cfg, reads=cfg.mm_load))}
 
     def elaborate(self, platform):
         m = Module()
@@ -92,14 +88,14 @@ class MatrixUnit(SpadUnit):
         orow = self.addr_signal("orow")
         oaddr = self.addr_signal("oaddr")
         # The read issued in one cycle returns in the next: iss says an address is out this cycle,
-        # v that sp_rd holds the element (m_d/n_d, k_d) issued in the previous cycle.
+        # v that spad.rdata holds the element (m_d/n_d, k_d) issued in the previous cycle.
         iss = Signal()
         v = Signal()
         m_d = Signal.like(mi)
         n_d = Signal.like(ni)
         k_d = Signal.like(ki)
 
-        m.d.comb += self.ra.eq(ptr)
+        m.d.comb += self.spad.raddr.eq(ptr)
         # The last group of a row of A (k) or of a k of B (n): with L = 1 the last element itself.
         if L == 1:
             last_k, last_n = ki == K - 1, ni == N - 1
@@ -108,7 +104,7 @@ class MatrixUnit(SpadUnit):
         self.done_pulse(m)
 
         # The combinational logic in submodules, so that a simulator re-evaluates each only when its own
-        # inputs move: staging writes (LA, LB; the data, which follows sp_rd, apart from the address and
+        # inputs move: staging writes (LA, LB; the data, which follows spad.rdata, apart from the address and
         # enables, which follow the counters), the skewed feed (RUN), the result port (OUT).
         m.submodules.stage = stage = Module()
         m.submodules.stage_data = stage_data = Module()
@@ -118,7 +114,7 @@ class MatrixUnit(SpadUnit):
         # Operand memories: written while staging, read at k = (t - i) mod row_depth while running.
         # Word j of a group (read port j) carries element k_d + j of A's row, or column n_d + j of B's
         # k; n_d is a multiple of L, so B lane i always takes word i mod L.
-        words = [self.sp_rd] + ([self.sp_rd_x[j] for j in range(L - 1)] if L > 1 else [])
+        words = [self.spad.rdata] + ([self.spad.rdata_x[j] for j in range(L - 1)] if L > 1 else [])
         staged = [w[:8].as_signed() for w in words]
         for lane in range(2 * n_arr):
             for sub in range(L):
@@ -150,8 +146,8 @@ class MatrixUnit(SpadUnit):
         # PE(m, n)'s accumulator is c[m * n_arr + n]: the low log2(n_arr) bits of each counter.
         lg = (n_arr - 1).bit_length()
         result.d.comb += [
-            self.wa.eq(oaddr),
-            self.wd.eq(array.c[Cat(ni[:lg], mi[:lg])] if lg else array.c[0]),
+            self.spad.waddr.eq(oaddr),
+            self.spad.wdata.eq(array.c[Cat(ni[:lg], mi[:lg])] if lg else array.c[0]),
         ]
 
         with m.FSM(name="mm_state") as fsm:
@@ -241,9 +237,9 @@ class MatrixUnit(SpadUnit):
             ))
             # Read port j+1 reads element j+1 of the group: step 1 along A's row, B's n step otherwise.
             step_x = Mux(fsm.ongoing("LB") & tb, ldb, 1)
-            stage.d.comb += [self.ra_x[j].eq(ptr + (j + 1) * step_x) for j in range(L - 1)]
+            stage.d.comb += [self.spad.raddr_x[j].eq(ptr + (j + 1) * step_x) for j in range(L - 1)]
         feed.d.comb += running.eq(fsm.ongoing("RUN"))
-        result.d.comb += self.we.eq(fsm.ongoing("OUT"))
+        result.d.comb += self.spad.we.eq(fsm.ongoing("OUT"))
 
         self.check_protocol(m, opr)
         return m

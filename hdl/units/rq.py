@@ -6,9 +6,10 @@ combinational requantizer and is written at the end of W(k+2); `done` is high in
 
 from amaranth.hdl import Module
 
-from .isa import Op
-from .requant import Requantizer
-from .unit import SpadUnit
+from hdl.isa import Op
+from hdl.requant import Requantizer
+
+from .base import SpadUnit
 
 __all__ = ["RequantUnit"]
 
@@ -16,7 +17,7 @@ __all__ = ["RequantUnit"]
 class RequantUnit(SpadUnit):
     """Vector requantizer: spad[dst+i] = sext(requant(s32(spad[src+i]), m, s, relu)).
 
-    The ports are `SpadUnit`'s. dst, src, len, m, s and relu are latched at E0; ``ra = src + i``;
+    The ports are `SpadUnit`'s. dst, src, len, m, s and relu are latched at E0; ``spad.raddr = src + i``;
     ``done`` is high in W(len+2).
     """
 
@@ -30,14 +31,14 @@ class RequantUnit(SpadUnit):
         i, j, v = self.one_pass(m, opr, n)
 
         m.d.comb += [
-            rq.acc.eq(self.sp_rd),
+            rq.acc.eq(self.spad.rdata),
             rq.m.eq(mant),
             rq.s.eq(shift),
             rq.relu.eq(relu),
-            self.ra.eq(src + i),
-            self.we.eq(v),
-            self.wa.eq(dst + j),
-            self.wd.eq(rq.q),        # q is signed(8): the assignment sign-extends it
+            self.spad.raddr.eq(src + i),
+            self.spad.we.eq(v),
+            self.spad.waddr.eq(dst + j),
+            self.spad.wdata.eq(rq.q),        # q is signed(8): the assignment sign-extends it
         ]
         self.check_protocol(m, opr)
         return m

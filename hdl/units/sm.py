@@ -10,7 +10,8 @@ from hdl.arith import SOFTMAX_NUM as RECIP_NUM    # the divider's constant numer
 from hdl.divider import Divider
 from hdl.exp_lut import ExpTable
 from hdl.isa import Op
-from hdl.unit import SpadUnit
+
+from .base import SpadUnit
 
 __all__ = ["SoftmaxUnit"]
 
@@ -21,7 +22,8 @@ class SoftmaxUnit(SpadUnit):
     """The SM unit: three passes over the scores with one division between the second and the third.
 
     The ports are `SpadUnit`'s. dst, src and len are latched at E0; dst may equal src (in-place):
-    element k+1 is read in the cycle element k is written. ``ra`` is src+i in P1 and P2, dst+i in P3;
+    element k+1 is read in the cycle element k is written. ``spad.raddr`` is src+i in P1 and P2, dst+i
+    in P3;
     the write port writes e in P2 and the probability in P3, both at dst+j. The e values live in dst
     between P2 and P3.
     """
@@ -37,25 +39,25 @@ class SoftmaxUnit(SpadUnit):
         opr = self.operand_register()
         src, dst, length = opr.src, opr.dst, opr.len
         i = self.addr_signal("i")          # next element to read
-        j = self.addr_signal("j")          # element whose data is in sp_rd when v is set
+        j = self.addr_signal("j")          # element whose data is in spad.rdata when v is set
         v = Signal()
         mx = Signal(signed(8))
         total = Signal(32)
         r = Signal(DIV_WIDTH)
         d_start = Signal()
 
-        x = self.sp_rd[:8].as_signed()
+        x = self.spad.rdata[:8].as_signed()
         # m - x as 9-bit signed, taken to 8 bits: the table index (0..255 whenever m >= x).
         m.d.comb += exp.d.eq((mx - x)[:8])
-        scaled = ((self.sp_rd[:16] * r) + (1 << 21))[22:39]
+        scaled = ((self.spad.rdata[:16] * r) + (1 << 21))[22:39]
 
         m.d.comb += [
             div.start.eq(d_start),
             div.num.eq(RECIP_NUM),
             div.den.eq(total),
-            self.wa.eq(dst + j),
-            self.ra.eq(src + i),        # dst + i in P3
-            self.wd.eq(scaled),         # e in P2
+            self.spad.waddr.eq(dst + j),
+            self.spad.raddr.eq(src + i),        # dst + i in P3
+            self.spad.wdata.eq(scaled),         # e in P2
         ]
         self.done_pulse(m)
         m.d.sync += d_start.eq(0)
@@ -87,7 +89,7 @@ class SoftmaxUnit(SpadUnit):
                 stream(keep_max, to_p2)
 
             with m.State("P2"):
-                m.d.comb += [self.we.eq(v), self.wd.eq(exp.e)]
+                m.d.comb += [self.spad.we.eq(v), self.spad.wdata.eq(exp.e)]
 
                 def accumulate():
                     m.d.sync += total.eq(total + exp.e)
@@ -106,7 +108,7 @@ class SoftmaxUnit(SpadUnit):
                     m.next = "P3"
 
             with m.State("P3"):
-                m.d.comb += [self.ra.eq(dst + i), self.we.eq(v), self.wd.eq(scaled)]
+                m.d.comb += [self.spad.raddr.eq(dst + i), self.spad.we.eq(v), self.spad.wdata.eq(scaled)]
 
                 def finish():
                     self.finish(m)

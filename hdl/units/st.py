@@ -7,8 +7,9 @@ scratchpad's read register; `done` is high in W(len+2).
 from amaranth.hdl import Module
 from amaranth.lib.wiring import Out
 
-from .isa import Op
-from .unit import Unit
+from hdl.isa import Op
+
+from .base import Unit
 
 __all__ = ["StoreUnit"]
 
@@ -17,12 +18,12 @@ class StoreUnit(Unit):
     """Scratchpad -> external memory copy engine.
 
     `Unit`'s ports plus the external write port below. src = a[11:0], dst = b (16 bits) and
-    len = c[11:0] are latched at E0; ``ra = src + i``; ``done`` is high in W(len+2).
+    len = c[11:0] are latched at E0; ``spad.raddr = src + i``; ``done`` is high in W(len+2).
 
     Ports
     -----
     wr_valid, wr_addr, wr_data : Out(1), Out(config.ext_addr_bits), Out(config.word_bits)
-        External write port; ``wr_data`` is ``sp_rd`` passed through.
+        External write port; ``wr_data`` is ``spad.rdata`` passed through.
     """
 
     OP = Op.ST
@@ -38,10 +39,10 @@ class StoreUnit(Unit):
         i, j, v = self.one_pass(m, opr, n)
 
         m.d.comb += [
-            self.ra.eq(src + i),
+            self.spad.raddr.eq(src + i),
             self.wr_valid.eq(v),
             self.wr_addr.eq(dst + j),
-            self.wr_data.eq(self.sp_rd),
+            self.wr_data.eq(self.spad.rdata),
         ]
         self.check_protocol(m, opr)
         return m

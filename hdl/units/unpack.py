@@ -7,8 +7,9 @@ and its nibbles 0..7 are written in W(10i+3) .. W(10i+10) (WR); `done` is high i
 from amaranth.hdl import Module, Signal
 from amaranth.lib import enum
 
-from .isa import Op
-from .unit import SpadUnit
+from hdl.isa import Op
+
+from .base import SpadUnit
 
 __all__ = ["UnpackUnit"]
 
@@ -23,7 +24,7 @@ class UnpackUnit(SpadUnit):
     """spad[dst + 8i + j] = sext4(nibble j of spad[src + i]) for i < len, j < 8.
 
     The ports are `SpadUnit`'s. dst, src and len (packed source words) are latched at E0;
-    ``ra = src + i``; one nibble is written per cycle in the WR phase; ``done`` is high in W(10·len+1).
+    ``spad.raddr = src + i``; one nibble is written per cycle in the WR phase; ``done`` is high in W(10·len+1).
     """
 
     OP = Op.UNPACK
@@ -38,10 +39,10 @@ class UnpackUnit(SpadUnit):
         phase = Signal(_Phase)
 
         m.d.comb += [
-            self.ra.eq(src + i),
-            self.we.eq(self.busy & (phase == _Phase.WR)),
-            self.wa.eq(dst + (i << 3) + j),
-            self.wd.eq(w.word_select(j, 4).as_signed()),
+            self.spad.raddr.eq(src + i),
+            self.spad.we.eq(self.busy & (phase == _Phase.WR)),
+            self.spad.waddr.eq(dst + (i << 3) + j),
+            self.spad.wdata.eq(w.word_select(j, 4).as_signed()),
         ]
         self.done_pulse(m)
         with m.If(self.start & ~self.busy):
@@ -52,7 +53,7 @@ class UnpackUnit(SpadUnit):
                 with m.Case(_Phase.RD):
                     m.d.sync += phase.eq(_Phase.LAT)
                 with m.Case(_Phase.LAT):
-                    m.d.sync += [w.eq(self.sp_rd), j.eq(0), phase.eq(_Phase.WR)]
+                    m.d.sync += [w.eq(self.spad.rdata), j.eq(0), phase.eq(_Phase.WR)]
                 with m.Case(_Phase.WR):
                     m.d.sync += j.eq(j + 1)
                     with m.If(j == 7):

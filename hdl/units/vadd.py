@@ -6,8 +6,9 @@ The two operands are read alternately: src1[k] in W(2k+1), src2[k] in W(2k+2); t
 
 from amaranth.hdl import Module, Mux, Signal, signed
 
-from .isa import Op
-from .unit import SpadUnit
+from hdl.isa import Op
+
+from .base import SpadUnit
 
 __all__ = ["VaddUnit"]
 
@@ -15,8 +16,8 @@ __all__ = ["VaddUnit"]
 class VaddUnit(SpadUnit):
     """spad[dst+i] = sext(clamp(s8(spad[src1+i]) + s8(spad[src2+i]), -127, 127)).
 
-    The ports are `SpadUnit`'s. dst, src1, src2 (12 bits) and len (16 bits) are latched at E0; ``ra`` is
-    ``src1 + cnt/2`` on even counts and ``src2 + cnt/2`` on odd ones; only ``sp_rd[7:0]`` is used;
+    The ports are `SpadUnit`'s. dst, src1, src2 (12 bits) and len (16 bits) are latched at E0; ``spad.raddr``
+    is ``src1 + cnt/2`` on even counts and ``src2 + cnt/2`` on odd ones; only ``spad.rdata[7:0]`` is used;
     ``done`` is high in W(2·len+2).
     """
 
@@ -33,15 +34,15 @@ class VaddUnit(SpadUnit):
         x = Signal(signed(8))
 
         total = Signal(signed(9))
-        m.d.comb += total.eq(x + self.sp_rd[:8].as_signed())
+        m.d.comb += total.eq(x + self.spad.rdata[:8].as_signed())
         result = Signal(signed(8))
         m.d.comb += result.eq(Mux(total > 127, 127, Mux(total < -127, -127, total[:8])))
 
         m.d.comb += [
-            self.ra.eq(Mux(cnt[0], s2, s1) + cnt[1:]),
-            self.we.eq(v & par),
-            self.wa.eq(dst + j),
-            self.wd.eq(result),
+            self.spad.raddr.eq(Mux(cnt[0], s2, s1) + cnt[1:]),
+            self.spad.we.eq(v & par),
+            self.spad.waddr.eq(dst + j),
+            self.spad.wdata.eq(result),
         ]
         self.done_pulse(m)
         with m.If(self.start & ~self.busy):
@@ -53,7 +54,7 @@ class VaddUnit(SpadUnit):
             with m.If(more):
                 m.d.sync += cnt.eq(cnt + 1)
             with m.If(v & ~par):
-                m.d.sync += x.eq(self.sp_rd[:8])
+                m.d.sync += x.eq(self.spad.rdata[:8])
             with m.If(v & par):
                 m.d.sync += j.eq(j + 1)
                 with m.If(j == n - 1):
