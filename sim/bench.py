@@ -20,7 +20,8 @@ from sim.cli import Parser, Progress, UsageError, chip_option, guarded, int_rang
 
 from host.paged import MAX_CONTEXT     # the book's context limit: the decode's steps without a window
 
-__all__ = ["decode_jobs", "random_jobs", "bench", "build_parser", "main"]
+__all__ = ["decode_jobs", "resident_jobs", "random_jobs", "bench", "mac_count", "mode_figures", "compare_modes",
+           "build_parser", "main"]
 
 
 class _Recorder:
@@ -31,9 +32,13 @@ class _Recorder:
         self.inner = inner
         self.jobs = []
 
-    def run(self, program, image, lat=8):
-        self.jobs.append((list(program), list(image), lat))
-        return self.inner.run(program, image, lat)
+    def run(self, program, image, lat=8, scratchpad=None):
+        # a resident-mode run starts from the scratchpad the previous one left: the job carries it
+        if scratchpad is None:
+            self.jobs.append((list(program), list(image), lat))
+            return self.inner.run(program, image, lat)
+        self.jobs.append((list(program), list(image), lat, list(scratchpad)))
+        return self.inner.run(program, image, lat, scratchpad=scratchpad)
 
 
 def decode_jobs(window, steps: int, lat: int = 8, start: int = 0, config=None):
@@ -45,6 +50,17 @@ def decode_jobs(window, steps: int, lat: int = 8, start: int = 0, config=None):
     config = BOOK if config is None else config
     rec = _Recorder(get_backend("reference", config=config))
     chip = PagedChip(T.make_model("structured", 1), steps, window, backend=rec, lat=lat, config=config)
+    chip.generate(start, steps)
+    return rec.jobs
+
+
+def resident_jobs(window, steps: int, lat: int = 8, start: int = 0, config=None):
+    """The jobs of the same decode in resident mode (host.resident: the load program, then one step
+    program a step, each job carrying the scratchpad it starts from), recorded on the reference."""
+    from host import tiny_lm as T
+    from host.resident import ResidentChip
+    rec = _Recorder(get_backend("reference", config=config))
+    chip = ResidentChip(T.make_model("structured", 1), steps, window, backend=rec, lat=lat, config=config)
     chip.generate(start, steps)
     return rec.jobs
 
@@ -63,13 +79,18 @@ def random_jobs(total_cycles: int, seed: int = 1, ext: int = 8192, lat: int = 8,
     return jobs
 
 
+def _run(backend, job):
+    p, i, lat = job[:3]
+    return backend.run(p, i, lat) if len(job) < 4 else backend.run(p, i, lat, scratchpad=job[3])
+
+
 def _run_all(backend, jobs):
     if getattr(backend, "name", None) == "verilator":
         return backend.run_many(jobs)
     out = []
     with Progress(f"{getattr(backend, 'name', 'simulator')}", unit="program") as bar:   # amaranth: ~30 s
-        for p, i, lat in jobs:
-            out.append(backend.run(p, i, lat))
+        for job in jobs:
+            out.append(_run(backend, job))
             bar(len(out), len(jobs))
     return out
 
@@ -83,7 +104,7 @@ def bench(jobs, sims, repeat: int = 3, out=None, config=None) -> dict:
     ref_wall = float("inf")
     for _ in range(repeat):
         t0 = time.perf_counter()
-        expected = [reference.run(p, i, lat) for p, i, lat in jobs]
+        expected = [_run(reference, job) for job in jobs]
         ref_wall = min(ref_wall, time.perf_counter() - t0)
     cycles = sum(r.cycles for r in expected)
     rows = {}
@@ -96,7 +117,7 @@ def bench(jobs, sims, repeat: int = 3, out=None, config=None) -> dict:
                 be = get_backend(name, config=config)
                 if name == "verilator":
                     tb = time.perf_counter()
-                    for key in sorted({(len(i), lat) for _, i, lat in jobs}):
+                    for key in sorted({(len(job[1]), job[2]) for job in jobs}):
                         be.model(*key)
                     spent = time.perf_counter() - tb
                     extra = (f"model built in {spent:.1f} s (cold build; not in the figures)" if be.builds else
@@ -130,6 +151,72 @@ def bench(jobs, sims, repeat: int = 3, out=None, config=None) -> dict:
     return {"jobs": len(jobs), "cycles": cycles, "backends": rows}
 
 
+def mac_count(graph) -> int:
+    """Multiply-accumulates of one forward pass of a compiler graph: M*K*N summed over its matmuls."""
+    total = 0
+    for n in graph.nodes:
+        if n.op == "matmul":
+            a = graph.nodes[n.ins[0]]
+            total += a.rows * a.cols * n.cols
+    return total
+
+
+def mode_figures(recs, ctx: int, array: int, macs: int) -> dict:
+    """Cycle figures of one decode's records: the worst step at context `ctx`, its breakdown (mm, dma,
+    vec and the instruction overhead: 2 a instruction for fetch and issue, 2 for the HALT), the total and
+    the ratio of that step to the MAC bound (`macs` / array^2 cycles: every PE busy every cycle)."""
+    at = [r for r in recs if r["ctx"] == ctx]
+    worst = max(at, key=lambda r: r["counters"][0])
+    c = worst["counters"]
+    bound = macs / (array * array)
+    return {"step_cycles": c[0], "mm": c[1], "dma": c[2], "vec": c[3], "instructions": c[4],
+            "overhead": c[0] - c[1] - c[2] - c[3], "total": sum(r["counters"][0] for r in recs),
+            "host_words": max(r.get("host_words", len(r.get("image") or ())) for r in at),
+            "mac_bound": bound, "ratio_to_mac_bound": c[0] / bound}
+
+
+def compare_modes(window, steps: int, lat: int, config, out=None) -> dict:
+    """Decode in book mode (on the book's chip and on `config`) and in resident mode (on `config`) on the
+    reference machine; print the figures side by side and return them (integers checked equal)."""
+    from hdl.config import BOOK
+    from host import tiny_lm as T
+    from host.paged import PagedChip
+    from host.resident import ResidentChip
+    from host.window import context_size
+    out = out or sys.stdout
+    m = T.make_model("structured", 1)
+    ctx = context_size(steps, window)
+    macs = mac_count(T.build_graph(m, ctx))
+    runs = {}
+    for label, chip_cfg, cls in (("book", BOOK, PagedChip), ("book", config, PagedChip),
+                                 ("resident", config, ResidentChip)):
+        host = cls(m, steps, window, backend=get_backend("reference", config=chip_cfg), lat=lat, config=chip_cfg)
+        toks, recs = host.generate(0, steps)
+        runs[(label, chip_cfg.spec())] = (toks, recs, chip_cfg, host)
+    base_toks, base_recs = runs[("book", BOOK.spec())][:2]
+    rows = {}
+    print(f"one step at context {ctx} ({macs:,} MACs per token, from the model's matmuls); window "
+          f"{'none' if window is None else window}, {steps} steps, LAT {lat}, reference machine", file=out)
+    print(f"{'mode':>9} {'chip':>24} {'step':>6} {'mm':>6} {'dma':>6} {'vec':>5} {'instr':>6} {'words':>6} "
+          f"{'MAC bound':>10} {'ratio':>6} {'32-step total':>14}  integers", file=out)
+    for (label, spec), (toks, recs, chip_cfg, host) in runs.items():
+        f = mode_figures(recs, ctx, chip_cfg.array, macs)
+        same = toks == base_toks and all(a["logits_int"] == b["logits_int"] for a, b in zip(recs, base_recs))
+        f["identical"] = same
+        rows[f"{label} {spec}"] = f
+        print(f"{label:>9} {spec:>24} {f['step_cycles']:6d} {f['mm']:6d} {f['dma']:6d} {f['vec']:5d} "
+              f"{f['overhead']:6d} {f['host_words']:6d} {f['mac_bound']:10.1f} {f['ratio_to_mac_bound']:6.1f} "
+              f"{f['total']:14,d}  {'identical' if same else 'DIFFER'}", file=out)
+        if label == "resident":
+            lr = host.load_record
+            print(f"{'':>9} {'':>24} plus the load program once: {lr['counters'][0]:,} cycles, "
+                  f"{lr['host_words']:,} words", file=out)
+    print("step: the worst step at that context (cycles); mm, dma, vec: busy cycles of the units; instr: 2 per "
+          "instruction (fetch, issue) + 2 for the HALT; words: host words written for the step; MAC bound: "
+          "MACs / array^2 cycles; ratio: step / MAC bound", file=out)
+    return rows
+
+
 def build_parser() -> Parser:
     from sim.backend import BACKENDS
     p = Parser("python -m sim.bench",
@@ -150,6 +237,11 @@ def build_parser() -> Parser:
                    help="timed runs per fast simulator, the best is reported (amaranth runs once)")
     p.add_argument("--random", action="store_true",
                    help="random programs of about the decode's total cycles instead of the decode")
+    p.add_argument("--mode", choices=("book", "resident"), default="book",
+                   help="book: the book's decode; resident: first the book and resident modes side by side "
+                        "(cycles at the largest context with the breakdown, host words, the ratio to the MAC "
+                        "bound, on the reference machine), then the resident decode's programs on the "
+                        "simulators; without --chip the resident chip is the preset fast")
     return p
 
 
@@ -161,11 +253,26 @@ def main(argv=None) -> int:
     if bad or not sims:
         raise UsageError(f"--sims must list some of {', '.join(BACKENDS)}, got {a.sims!r}")
     wtext = "none" if a.window is None else str(a.window)
+    argv_list = sys.argv[1:] if argv is None else list(argv)
+    if a.mode == "resident":
+        from hdl.config import PRESETS
+        if not any(x == "--chip" or x.startswith("--chip=") for x in argv_list):
+            a.chip = PRESETS["fast"]
+        if not a.chip.gather:
+            raise UsageError(f"--mode resident needs a chip with GATHER/SCATTER (gather=1), and --chip "
+                             f"{a.chip.spec()} has none: use --chip fast or add gather=1")
+        if a.random:
+            raise UsageError("--random and --mode resident do not go together (resident mode is the decode)")
     if a.lat is None:
         a.lat = a.chip.lat
 
     what = None
-    if not a.random:
+    if a.mode == "resident":
+        compare_modes(a.window, a.steps, a.lat, a.chip)
+        print()
+        jobs = resident_jobs(a.window, a.steps, a.lat, config=a.chip)
+        what = f"resident decode (load program + one program a step), window {wtext}, {a.steps} steps"
+    if what is None and not a.random:
         try:
             jobs = decode_jobs(a.window, a.steps, a.lat, config=a.chip)
             what = f"paged decode, window {wtext}, {a.steps} steps"
@@ -174,7 +281,7 @@ def main(argv=None) -> int:
     if what is None:
         jobs = random_jobs(231_792, ext=a.chip.ext_words, lat=a.lat, config=a.chip)
         what = f"random programs (sim.progen, seed 1, EXT {a.chip.ext_words})"
-    exts = sorted({len(i) for _, i, _ in jobs})
+    exts = sorted({len(job[1]) for job in jobs})
     print(f"workload: {what}: {len(jobs)} programs, EXT {'/'.join(map(str, exts))}, LAT {a.lat}, "
           f"chip {a.chip.spec()}")
     r = bench(jobs, sims, a.repeat, config=a.chip)
