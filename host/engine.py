@@ -1,0 +1,483 @@
+"""A tiny serving engine: continuous batching of many requests on the chip over one page pool (issue 14).
+
+Each engine step forms one batch of at most ``max_batch`` rows, one row per running request (decode rows
+first, then prompt rows: chunked prefill one token per request and step), and runs it as one batched
+program (`host.batch`). The KV cache of every request lives in one `host.pagetable.PageTable`:
+
+- Admission: a waiting request is admitted (first come, first served; at most ``max_batch`` running) when
+  the pool, counting cached pages nobody references as free, keeps ``watermark`` pages spare after its
+  first row. A request that could not fit even alone (its pages, or a context beyond the chip's limit) is
+  refused when it arrives with one error message; the others are not affected.
+- Preemption by recompute: when a step's appends need more pages than the pool can give, the most recently
+  admitted running request loses its pages and returns to the queue; when readmitted it recomputes its
+  rows (prompt and generated tokens) as prompt rows, and every recomputed token and logit is checked
+  against the one it gave before.
+- Prefix caching: a full page is named by a hash chain (the parent page's hash, the page's tokens, the
+  window and the sinks). A full page is cached (`PageTable.retain`) when a request fills it; an admitted
+  request adopts the longest chain of cached pages its tokens begin with, and a cached page sharing only
+  the first rows of its next page as a partial tail (copied on the first write into it); those rows are
+  never computed. Cached pages nobody references are evicted least recently used first.
+- Attention sinks: ``sinks = S`` keeps rows 0..S-1 of every request besides the window (`host.window.
+  sink_ranges`); the pages between are released (`PageTable.punch`).
+- ``alloc = "contiguous"``: the baseline that reserves, per admitted request, the pages of the longest
+  request the trace may hold (``contig_rows``), as Example B does on paper; no prefix cache.
+
+`check_invariants` is run after every step (every page free, cached or owned; reference counts equal the
+block-table references; no request holds more pages than its kept rows need). `decode_alone` decodes one
+request with a plain list as cache and single-row programs: what every served request must equal.
+"""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+
+from hdl.config import BOOK, ChipConfig
+from host.batch import BatchRunner
+from host.pagetable import PageTable
+from host.tiny_lm import V
+from host.window import check_sinks, check_window, sink_context, sink_ranges, trim_point
+
+__all__ = ["Request", "Engine", "EngineError", "decode_alone", "check_invariants", "pages_alone",
+           "kept_pages"]
+
+
+class EngineError(ValueError):
+    """A bad engine argument, or a broken promise found by the engine's own checks."""
+
+
+@dataclass
+class Request:
+    """One request: ``prompt`` tokens (at least one), ``gen`` tokens to generate (>= 1), the engine step
+    it arrives at."""
+    id: int
+    prompt: list
+    gen: int
+    arrival: int = 0
+
+
+@dataclass
+class _State:
+    req: Request
+    tokens: list                       # prompt + generated so far
+    logits: list = field(default_factory=list)   # per generated token
+    pos: int = 0                       # rows in the cache (the next row's position)
+    order: int = -1                    # admission counter (higher: admitted later)
+    hashes: list = field(default_factory=list)   # hash of each full page, logical page order
+    arrival_cycles: int = 0
+    first_cycles: int | None = None
+    finish_cycles: int | None = None
+    preempted: int = 0
+    hit_rows: int = 0
+    computed_rows: int = 0
+    refused: str | None = None
+
+    @property
+    def done(self) -> bool:
+        return len(self.tokens) - len(self.req.prompt) >= self.req.gen
+
+
+def _kept_rows(n: int, W, S: int) -> list:
+    """Rows a request with n cached rows keeps for its next step (sinks and window)."""
+    if n == 0:
+        return []
+    tp = trim_point(n, W)
+    if tp <= S:
+        return [(0, n)]
+    return [r for r in ((0, S), (tp, n)) if r[1] > r[0]]
+
+
+def kept_pages(n: int, W, S: int, page: int) -> int:
+    """Pages covering the rows a request with n cached rows keeps (the most it may hold between steps)."""
+    pages = set()
+    for lo, hi in _kept_rows(n, W, S):
+        pages.update(range(lo // page, (hi - 1) // page + 1))
+    return len(pages)
+
+
+def pages_alone(rows: int, W, S: int, page: int) -> int:
+    """The most pages a request of `rows` rows holds alone: after a step's append, before its release."""
+    need = 0
+    for L in range(1, rows + 1):
+        held = set()
+        for lo, hi in _kept_rows(L - 1, W, S) + [(L - 1, L)]:
+            held.update(range(lo // page, (hi - 1) // page + 1))
+        need = max(need, len(held))
+    return need
+
+
+def _hash(parent: str, toks, W, S) -> str:
+    return hashlib.sha256(f"{parent}|{','.join(map(str, toks))}|W={W}|S={S}".encode()).hexdigest()[:16]
+
+
+def _check_request(r) -> None:
+    if not isinstance(r, Request):
+        raise EngineError(f"a request must be a host.engine.Request, got {type(r).__name__}")
+    if not r.prompt or any(not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < V for t in r.prompt):
+        raise EngineError(f"request {r.id}: the prompt must be a non-empty list of tokens 0..{V - 1}")
+    if not isinstance(r.gen, int) or r.gen < 1:
+        raise EngineError(f"request {r.id}: tokens to generate must be >= 1, got {r.gen!r}")
+    if not isinstance(r.arrival, int) or r.arrival < 0:
+        raise EngineError(f"request {r.id}: the arrival step must be >= 0, got {r.arrival!r}")
+
+
+class Engine:
+    """Continuous batching over one page pool (see the module's docstring).
+
+    Parameters
+    ----------
+    m : dict
+        The tiny LM.
+    backend : object
+        ``run(code, image, lat)``.
+    max_batch : int
+        Rows per step and running requests at most.
+    window : int or None
+    sinks : int
+    page, n_pages : int
+        Pool geometry.
+    prefix_cache : bool
+    alloc : {"paged", "contiguous"}
+    contig_rows : int or None
+        Rows each request reserves with ``alloc="contiguous"`` (default: the longest request given to `run`).
+    watermark : int
+        Pages kept spare at admission.
+    lat : int
+    config : hdl.config.ChipConfig
+    check : bool
+        Run `check_invariants` after every step.
+    """
+
+    def __init__(self, m, backend, max_batch=4, window=None, sinks=0, page=4, n_pages=64, prefix_cache=True,
+                 alloc="paged", contig_rows=None, watermark=1, lat=8, config: ChipConfig = BOOK, check=True):
+        try:
+            check_window(window)
+            check_sinks(sinks, window)
+        except ValueError as e:
+            raise EngineError(str(e)) from None
+        for name, v in (("max_batch", max_batch), ("page", page), ("n_pages", n_pages)):
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise EngineError(f"{name} must be an integer >= 1, got {v!r}")
+        if alloc not in ("paged", "contiguous"):
+            raise EngineError(f"alloc must be 'paged' or 'contiguous', got {alloc!r}")
+        if not isinstance(watermark, int) or watermark < 0:
+            raise EngineError(f"watermark must be an integer >= 0, got {watermark!r}")
+        self.m, self.max_batch, self.W, self.S = m, max_batch, window, sinks
+        self.page, self.n_pages, self.alloc = page, n_pages, alloc
+        self.prefix_cache = bool(prefix_cache) and alloc == "paged"
+        self.contig_rows, self.watermark, self.config, self.check = contig_rows, watermark, config, check
+        self.runner = BatchRunner(m, backend, lat, config)
+        self.pt = PageTable(n_pages, page)
+        self.cache: dict = {}          # hash -> (page, parent hash, tokens)
+        self.children: dict = {}       # parent hash -> set of hashes
+        self.page_hash: dict = {}      # cached page -> hash
+        self.lru: dict = {}            # cached page -> last use (engine step)
+        self.trace: list = []          # per step: rows, cycles, pages
+
+    # ---- pool --------------------------------------------------------------------------------------
+    def evictable(self) -> list:
+        """Cached pages no request references, least recently used first."""
+        return sorted((p for p in self.page_hash if self.pt.refcount(p) == 0), key=lambda p: (self.lru[p], p))
+
+    def available(self) -> int:
+        return len(self.pt.free_pages()) + len(self.evictable())
+
+    def owned(self) -> int:
+        """Pages referenced by at least one request."""
+        return sum(1 for p in range(self.n_pages) if self.pt.refcount(p) > 0)
+
+    def _evict(self, p) -> None:
+        h = self.page_hash.pop(p)
+        _, parent, _ = self.cache.pop(h)
+        self.children[parent].discard(h)
+        del self.lru[p]
+        self.pt.evict(p)
+
+    def _make_free(self, n: int) -> None:
+        for p in self.evictable():
+            if len(self.pt.free_pages()) >= n:
+                break
+            self._evict(p)
+
+    def _needs_page(self, s: _State) -> int:
+        if self.alloc == "contiguous":
+            return 0
+        if s.pos % self.page == 0:
+            return 1
+        tail = self.pt.table(s.req.id)[-1]
+        return int(self.pt.refcount(tail) > 1 or tail in self.pt.retained())
+
+    def _release_behind(self, s: _State) -> None:
+        if s.pos == 0:
+            return
+        tp = trim_point(s.pos, self.W)
+        if tp > self.S:
+            self.pt.punch(s.req.id, min(self.S, tp), tp)
+
+    # ---- prefix cache ------------------------------------------------------------------------------
+    def _match(self, toks) -> tuple:
+        """The cached pages `toks` begins with (leaving its last token to compute) and the rows they hold."""
+        P, limit = self.page, len(toks) - 1
+        pages, parent, n = [], "", 0
+        while n + P <= limit:
+            h = _hash(parent, toks[n:n + P], self.W, self.S)
+            if h not in self.cache:
+                break
+            pages.append(self.cache[h][0])
+            parent, n = h, n + P
+        best, best_t = None, 0
+        for h in sorted(self.children.get(parent, ())):
+            page, _, ptoks = self.cache[h]
+            t = 0
+            while t < P and n + t < limit and ptoks[t] == toks[n + t]:
+                t += 1
+            if t > best_t:
+                best, best_t = page, t
+        if best is not None:
+            pages.append(best)
+            n += best_t
+        return pages, n
+
+    def _cache_page(self, s: _State, j: int) -> None:
+        parent = s.hashes[j - 1] if j else ""
+        toks = tuple(s.tokens[j * self.page:(j + 1) * self.page])
+        h = _hash(parent, toks, self.W, self.S)
+        s.hashes.append(h)
+        if not self.prefix_cache or h in self.cache:
+            return
+        p = self.pt.table(s.req.id)[j - self.pt.dropped(s.req.id)]
+        if p is None or p in self.page_hash:
+            return
+        self.pt.retain(p)
+        self.cache[h] = (p, parent, toks)
+        self.children.setdefault(parent, set()).add(h)
+        self.page_hash[p] = h
+        self.lru[p] = self.step_no
+
+    # ---- the loop ----------------------------------------------------------------------------------
+    def _refusal(self, s: _State):
+        rows = len(s.req.prompt) + s.req.gen - 1
+        limit = self.config.mm_max_k
+        ctx = max(sink_context(L, self.W, self.S) for L in range(1, rows + 1))
+        if ctx > limit:
+            return (f"request {s.req.id} needs a context of {ctx} tokens ({rows} rows, window "
+                    f"{self.W}, sinks {self.S}) and the chip attends at most {limit}")
+        need = pages_alone(rows, self.W, self.S, self.page)
+        if self.alloc == "contiguous":
+            need = max(need, -(-self.contig_rows // self.page))
+        if need > self.n_pages:
+            return (f"request {s.req.id} can never fit: {rows} rows need {need} pages of {self.page} rows "
+                    f"alone and the pool has {self.n_pages}")
+        return None
+
+    def _admit(self, s: _State) -> bool:
+        if self.alloc == "contiguous":
+            R = -(-self.contig_rows // self.page)
+            if (len(self.running) + 1) * R > self.n_pages:
+                return False
+            self.pt.new(s.req.id)
+            s.pos = 0
+        else:
+            pages, n = self._match(s.tokens) if self.prefix_cache else ([], 0)
+            # its first row takes a page: a new one, or the copy of an adopted partial page
+            if self.available() - sum(1 for p in pages if self.pt.refcount(p) == 0) < 1 + self.watermark:
+                return False
+            if pages:
+                self.pt.adopt(s.req.id, pages, n)
+                for p in pages:
+                    self.lru[p] = self.step_no
+                s.hashes = [self.page_hash[p] for p in pages[:n // self.page]]
+                s.hit_rows += n
+                self.hit_rows += n
+            else:
+                self.pt.new(s.req.id)
+            s.pos = n
+            self._release_behind(s)
+        self.counter += 1
+        s.order = self.counter
+        self.running.append(s)
+        return True
+
+    def _preempt(self, s: _State) -> None:
+        self.running.remove(s)
+        self.pt.release(s.req.id)
+        s.pos, s.hashes, s.order = 0, [], -1
+        s.preempted += 1
+        self.preemptions += 1
+        self.waiting.append(s)
+        self.waiting.sort(key=lambda t: (t.req.arrival, t.req.id))
+
+    def run(self, requests, progress=None) -> dict:
+        """Serve `requests` (a list of `Request`) to the end; returns the results (see `sim.serve`)."""
+        reqs = list(requests)
+        for r in reqs:
+            _check_request(r)
+        if len({r.id for r in reqs}) != len(reqs):
+            raise EngineError("request ids must be distinct")
+        if self.alloc == "contiguous" and self.contig_rows is None:
+            self.contig_rows = max((len(r.prompt) + r.gen - 1 for r in reqs), default=1)
+        states = {r.id: _State(r, list(r.prompt)) for r in reqs}
+        pending = sorted(states.values(), key=lambda s: (s.req.arrival, s.req.id))
+        self.waiting, self.running, self.done = [], [], []
+        self.counter = self.preemptions = self.hit_rows = 0
+        self.clock, self.step_no, self.trace = 0, 0, []
+        # the largest batch any step may form must fit the chip: refused now, before any work
+        ctx_max = 1
+        for s in pending:
+            if self._refusal(s) is None:
+                rows = len(s.req.prompt) + s.req.gen - 1
+                ctx_max = max(ctx_max, max(sink_context(L, self.W, self.S) for L in range(1, rows + 1)))
+        self.runner.program((ctx_max,) * min(self.max_batch, len(reqs) or 1))
+        total = len(pending)
+        while pending or self.waiting or self.running:
+            while pending and pending[0].req.arrival <= self.step_no:
+                s = pending.pop(0)
+                s.arrival_cycles = self.clock
+                s.refused = self._refusal(s)
+                if s.refused:
+                    self.done.append(s)
+                else:
+                    self.waiting.append(s)
+            while self.waiting and len(self.running) < self.max_batch and self._admit(self.waiting[0]):
+                self.waiting.pop(0)
+            if not self.running:
+                if self.waiting and not pending:
+                    raise EngineError(f"request {self.waiting[0].req.id} cannot be admitted into an empty pool")
+                self.step_no += 1
+                continue
+            self._step()
+            if self.check:
+                check_invariants(self)
+            if progress is not None:
+                progress(len(self.done), total)
+            self.step_no += 1
+        return self._results(states)
+
+    def _step(self) -> None:
+        decode = [s for s in self.running if s.pos == len(s.tokens) - 1 and s.pos >= len(s.req.prompt)]
+        prompt = [s for s in self.running if s not in decode]
+        batch = (sorted(decode, key=lambda s: s.order) + sorted(prompt, key=lambda s: s.order))[:self.max_batch]
+        while True:
+            need = sum(self._needs_page(s) for s in batch)
+            if need <= self.available():
+                break
+            victim = max(self.running, key=lambda s: s.order)
+            if len(self.running) == 1:
+                raise EngineError(f"request {victim.req.id} alone needs more pages than the pool has")
+            self._preempt(victim)
+            if victim in batch:
+                batch.remove(victim)
+        self._make_free(need)
+        rows = []
+        for s in batch:
+            kc, vc = [], []
+            for lo, hi in sink_ranges(s.pos + 1, self.W, self.S):
+                for k, v in self.pt.rows(s.req.id, lo, hi):
+                    kc.append(k)
+                    vc.append(v)
+            rows.append((s.tokens[s.pos], kc, vc))
+        results, counters, _ = self.runner.run(rows)
+        self.clock += counters[0]
+        for s, res in zip(batch, results):
+            self.pt.append(s.req.id, (res["k"], res["v"]))
+            s.computed_rows += 1
+            if s.pos >= len(s.req.prompt) - 1:
+                g = s.pos - (len(s.req.prompt) - 1)         # index of the generated token this row gives
+                if g < len(s.logits):
+                    if s.tokens[s.pos + 1] != res["tok"] or s.logits[g] != res["logits_int"]:
+                        raise EngineError(f"request {s.req.id}: recomputing row {s.pos} gave token {res['tok']}, "
+                                          f"not {s.tokens[s.pos + 1]}: batch invariance is broken")
+                else:
+                    s.tokens.append(res["tok"])
+                    s.logits.append(res["logits_int"])
+                    if s.first_cycles is None:
+                        s.first_cycles = self.clock
+            s.pos += 1
+            if s.pos % self.page == 0:
+                self._cache_page(s, s.pos // self.page - 1)
+            self._release_behind(s)
+        n_running = len(self.running)
+        for s in batch:
+            if s.done:
+                s.finish_cycles = self.clock
+                self.running.remove(s)
+                self.pt.release(s.req.id)
+                self.done.append(s)
+        if self.alloc == "contiguous":
+            used = len(self.running) * -(-self.contig_rows // self.page)
+        else:
+            used = self.owned()
+        self.trace.append({"step": self.step_no, "rows": len(batch), "cycles": counters[0], "pages": used,
+                           "cached": len(self.page_hash), "running": n_running})
+
+    def _results(self, states) -> dict:
+        out = []
+        for s in sorted(states.values(), key=lambda s: s.req.id):
+            d = {"id": s.req.id, "prompt": list(s.req.prompt), "gen": s.req.gen, "arrival": s.req.arrival}
+            if s.refused:
+                d["refused"] = s.refused
+            else:
+                d.update({"tokens": s.tokens[len(s.req.prompt):], "logits_int": s.logits,
+                          "ttft_cycles": s.first_cycles - s.arrival_cycles,
+                          "finish_cycles": s.finish_cycles - s.arrival_cycles,
+                          "preempted": s.preempted, "prefix_hit_rows": s.hit_rows,
+                          "rows_computed": s.computed_rows})
+            out.append(d)
+        return {"requests": out, "total_cycles": self.clock, "steps": self.trace,
+                "preemptions": self.preemptions, "prefix_hit_rows": self.hit_rows,
+                "programs_compiled": len(self.runner.progs)}
+
+
+def check_invariants(e: Engine) -> None:
+    """Raise EngineError unless the pool is consistent: every page free, cached or owned (exactly one of
+    free and not free); reference counts equal the block-table references; the cache maps each cached page
+    once; every running request holds exactly the pages its kept rows need."""
+    pt = e.pt
+    free = pt.free_pages()
+    if len(set(free)) != len(free):
+        raise EngineError(f"the free list holds a page twice: {free}")
+    refs = [0] * e.n_pages
+    for rid in pt.requests():
+        for p in pt.table(rid):
+            if p is not None:
+                refs[p] += 1
+    retained = pt.retained()
+    for p in range(e.n_pages):
+        if refs[p] != pt.refcount(p):
+            raise EngineError(f"page {p}: reference count {pt.refcount(p)}, block tables name it {refs[p]} times")
+        is_free = p in free
+        if is_free == (refs[p] > 0 or p in retained):
+            raise EngineError(f"page {p} is {'free and' if is_free else 'neither free nor'} cached or owned")
+    if set(e.page_hash) != set(retained) or len(e.cache) != len(e.page_hash):
+        raise EngineError("the prefix cache and the page table disagree on the cached pages")
+    live = {s.req.id for s in e.running}
+    if set(pt.requests()) != live:
+        raise EngineError(f"block tables {sorted(pt.requests())} for running requests {sorted(live)}")
+    for s in e.running:
+        if s.pos != pt.length(s.req.id):
+            raise EngineError(f"request {s.req.id}: {pt.length(s.req.id)} rows cached, position {s.pos}")
+        want = kept_pages(s.pos, e.W, e.S, e.page)
+        if pt.held(s.req.id) > want:
+            raise EngineError(f"request {s.req.id} holds {pt.held(s.req.id)} pages; its {s.pos} rows need {want}")
+
+
+def decode_alone(m, prompt, gen, backend, window=None, sinks=0, lat=8, config: ChipConfig = BOOK):
+    """Decode one request alone: feed `prompt`, generate `gen` tokens; a plain list is the cache and every
+    row is a one-row program of `host.batch` (the engine's calibration). Returns ``(tokens, logits,
+    records)``: the generated tokens, their integer logits and one record per row (``L``, ``ctx``, ``tok``,
+    ``counters``)."""
+    _check_request(Request(0, list(prompt), gen))
+    check_sinks(sinks, window)
+    runner = BatchRunner(m, backend, lat, config)
+    toks, logits, records, cache = list(prompt), [], [], []
+    for pos in range(len(prompt) + gen - 1):
+        kc, vc = [], []
+        for lo, hi in sink_ranges(pos + 1, window, sinks):
+            kc += [r[0] for r in cache[lo:hi]]
+            vc += [r[1] for r in cache[lo:hi]]
+        (res,), counters, _ = runner.run([(toks[pos], kc, vc)])
+        cache.append((res["k"], res["v"]))
+        records.append({"L": pos + 1, "ctx": len(kc) + 1, "tok": res["tok"], "counters": counters})
+        if pos >= len(prompt) - 1:
+            toks.append(res["tok"])
+            logits.append(res["logits_int"])
+    return toks[len(prompt):], logits, records
