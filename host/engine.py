@@ -69,6 +69,7 @@ class _State:
     preempted: int = 0
     hit_rows: int = 0
     computed_rows: int = 0
+    prompt_rows: int = 0                # rows computed at prompt positions (recomputations included)
     refused: str | None = None
 
     @property
@@ -380,6 +381,7 @@ class Engine:
         for s, res in zip(batch, results):
             self.pt.append(s.req.id, (res["k"], res["v"]))
             s.computed_rows += 1
+            s.prompt_rows += s.pos < len(s.req.prompt)
             if s.pos >= len(s.req.prompt) - 1:
                 g = s.pos - (len(s.req.prompt) - 1)         # index of the generated token this row gives
                 if g < len(s.logits):
@@ -420,7 +422,7 @@ class Engine:
                           "ttft_cycles": s.first_cycles - s.arrival_cycles,
                           "finish_cycles": s.finish_cycles - s.arrival_cycles,
                           "preempted": s.preempted, "prefix_hit_rows": s.hit_rows,
-                          "rows_computed": s.computed_rows})
+                          "rows_computed": s.computed_rows, "prompt_rows_computed": s.prompt_rows})
             out.append(d)
         return {"requests": out, "total_cycles": self.clock, "steps": self.trace,
                 "preemptions": self.preemptions, "prefix_hit_rows": self.hit_rows,
@@ -460,14 +462,15 @@ def check_invariants(e: Engine) -> None:
             raise EngineError(f"request {s.req.id} holds {pt.held(s.req.id)} pages; its {s.pos} rows need {want}")
 
 
-def decode_alone(m, prompt, gen, backend, window=None, sinks=0, lat=8, config: ChipConfig = BOOK):
+def decode_alone(m, prompt, gen, backend, window=None, sinks=0, lat=8, config: ChipConfig = BOOK, runner=None):
     """Decode one request alone: feed `prompt`, generate `gen` tokens; a plain list is the cache and every
     row is a one-row program of `host.batch` (the engine's calibration). Returns ``(tokens, logits,
     records)``: the generated tokens, their integer logits and one record per row (``L``, ``ctx``, ``tok``,
-    ``counters``)."""
+    ``counters``). A `host.batch.BatchRunner` may be passed as `runner` (its programs are reused; `backend`,
+    `lat` and `config` are then its own)."""
     _check_request(Request(0, list(prompt), gen))
     check_sinks(sinks, window)
-    runner = BatchRunner(m, backend, lat, config)
+    runner = runner or BatchRunner(m, backend, lat, config)
     toks, logits, records, cache = list(prompt), [], [], []
     for pos in range(len(prompt) + gen - 1):
         kc, vc = [], []

@@ -45,13 +45,14 @@ def user_errors() -> tuple[type[BaseException], ...]:
     from compiler.graph import CompileError
     from hdl.config import ChipSpecError
     from hdl.isa import IsaError
+    from host.engine import EngineError
     from host.paged import HostError
     from host.pagetable import OutOfPages, PageTableError
     from host.window import WindowError
     from sim.backend import SimError
     from sim.hexfile import HexFileError
     return (UsageError, ChipSpecError, IsaError, SimError, CompileError, OutOfPages, PageTableError, HostError,
-            WindowError, HexFileError, OSError)
+            WindowError, HexFileError, EngineError, OSError)
 
 
 def _message(e: BaseException) -> str:

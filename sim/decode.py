@@ -45,6 +45,13 @@ def build_parser() -> Parser:
                    help=f"decode steps, i.e. tokens generated, 1..{MAX_STEPS}; without a window at most "
                         f"the chip's matrix K ({MAX_CONTEXT} on the book's chip)")
     p.add_argument("--start", type=int_range(0, 15), default=0, metavar="T", help="start token 0..15")
+    from sim.serve import token_list
+    p.add_argument("--prompt", type=token_list, default=None, metavar="T1,T2,...",
+                   help="feed these tokens first, then generate --steps tokens (instead of --start): one request "
+                        "of sim.serve alone, with the serving engine's calibration (host.batch); JSON "
+                        "logits_int has one list per generated token")
+    p.add_argument("--sinks", type=int_range(0, None), default=0, metavar="S",
+                   help="with --prompt and a window: also attend the first S rows (attention sinks)")
     p.add_argument("--page", type=int_range(1, None), default=4, metavar="P", help="cache rows per page")
     p.add_argument("--pages", type=int_range(1, None), default=64, metavar="N", help="pages in the pool")
     p.add_argument("--model", choices=("structured", "random"), default="structured",
@@ -74,6 +81,11 @@ def build_parser() -> Parser:
 
 def check_args(a) -> None:
     """The checks that need more than one option (each option alone is checked by the parser)."""
+    if getattr(a, "prompt", None) is not None:
+        from sim.serve import check_prompt_args
+        return check_prompt_args(a)
+    if getattr(a, "sinks", 0):
+        raise UsageError(f"--sinks {a.sinks} needs --prompt (the serving engine's decode)")
     # the context limit, the pool's bounds and the pages this decode needs: refused before any simulation
     check_decode(a.steps, a.window, a.page, a.pages, config=a.chip)
     if getattr(a, "mode", "book") == "resident":
@@ -210,7 +222,11 @@ def run_decode(a, out=None):
 def main(argv=None) -> int:
     a = build_parser().parse_args(argv)
     check_args(a)
-    result = run_decode(a)
+    if getattr(a, "prompt", None) is not None:
+        from sim.serve import run_prompt_decode
+        result = run_prompt_decode(a)
+    else:
+        result = run_decode(a)
     if a.vcd:
         print(f"wrote {a.vcd}")         # by Amaranth's simulator, during the last step
     if a.json:

@@ -28,6 +28,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "paging-study": ("sim.paging_study", "example B: memory, prefix sharing, window accuracy; JSON and figures"),
     "agreement": ("host.agreement", "the random-model chip-vs-float agreement study (559/576)"),
     "formal": ("sim.formal", "formal properties of the chip's blocks (SymbiYosys)"),
+    "serve": ("sim.serve", "serve a trace of requests: continuous batching, prefix cache, preemption, replays"),
     "sweep": ("sim.sweep", "the decode on a grid of chip configurations: cycles (and ECP5 size), integers checked"),
 }
 

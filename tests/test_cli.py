@@ -117,6 +117,7 @@ def _bad_values(tmp_path):
         "agreement": ["--steps", "100"],
         "formal": ["--no-such-value-test", "x"],
         "sweep": ["--out", str(tmp_path / "s"), "--configs", "array=3"],
+        "serve": ["--max-batch", "0"],
     }
 
 

@@ -1,0 +1,373 @@
+"""Serve a synthetic trace of many requests on the GA-2 chip: continuous batching over one page pool.
+
+    python -m sim.serve --requests 24 --seed 3 --max-batch 4 --window 8 --sim reference --json a.json
+
+The trace (`make_trace`): request lengths drawn from Example B's long-tailed shape (lognormal, 16..2048
+rows) scaled into ``--prompt-len`` and ``--gen-len``; a fraction ``--prefix-share`` of the prompts begin
+with one of a few shared prefixes; arrivals all at step 0 or Poisson. `host.engine.Engine` serves it and
+every request is then replayed alone on the reference machine (`host.engine.decode_alone`, what
+``sim.decode --prompt`` runs): its tokens and integer logits must be identical (exit status 1 if not).
+Times are chip cycles: TTFT from the request's arrival to its first token, TPOT per later token.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import random
+import sys
+import time
+
+from sim.backend import MAX_LAT
+from sim.cli import (Parser, Progress, UsageError, chip_option, guarded, int_range, make_dir, output_dir,
+                     output_file, sim_option, window, write_json)
+
+__all__ = ["make_trace", "serve", "build_parser", "main", "token_list", "check_prompt_args",
+           "run_prompt_decode", "replay_cmd", "summary"]
+
+DEFAULT_SIM = "reference"
+N_PREFIXES = 2           # shared prefixes of a trace
+PREFIX_LEN = 12          # tokens of each
+
+
+def token_list(text: str) -> list:
+    """An argparse type: comma-separated tokens 0..15, e.g. ``3,1,4``."""
+    try:
+        toks = [int(t) for t in text.split(",")]
+    except ValueError:
+        toks = []
+    if not toks or any(not 0 <= t <= 15 for t in toks):
+        raise argparse.ArgumentTypeError(f"must be comma-separated tokens 0..15, got {text!r}")
+    return toks
+
+
+def span(text: str) -> tuple:
+    """An argparse type: ``A:B`` with 1 <= A <= B."""
+    try:
+        a, b = (int(t) for t in text.split(":"))
+    except ValueError:
+        a = b = 0
+    if not 1 <= a <= b:
+        raise argparse.ArgumentTypeError(f"must be A:B with 1 <= A <= B, got {text!r}")
+    return (a, b)
+
+
+def arrival(text: str):
+    """An argparse type: ``all`` or ``poisson:RATE`` (requests per engine step, > 0)."""
+    if text == "all":
+        return ("all", 0.0)
+    if text.startswith("poisson:"):
+        try:
+            rate = float(text[8:])
+        except ValueError:
+            rate = 0.0
+        if rate > 0 and math.isfinite(rate):
+            return ("poisson", rate)
+    raise argparse.ArgumentTypeError(f"must be 'all' or 'poisson:RATE' with RATE > 0, got {text!r}")
+
+
+def fraction(text: str) -> float:
+    try:
+        f = float(text)
+    except ValueError:
+        f = -1.0
+    if not 0 <= f <= 1:
+        raise argparse.ArgumentTypeError(f"must be a number within 0..1, got {text!r}")
+    return f
+
+
+def _long_tail(gen, lo: int, hi: int) -> int:
+    # Example B's lengths (lognormal(5.2, 0.9) within 16..2048 rows) mapped linearly onto lo..hi
+    x = min(2048, max(16, int(gen.lognormvariate(5.2, 0.9))))
+    return min(hi, lo + (x - 16) * (hi - lo + 1) // (2048 - 16 + 1))
+
+
+def make_trace(n: int, seed: int, prompt_len=(2, 16), gen_len=(2, 16), prefix_share: float = 0.0,
+               arrivals=("all", 0.0)) -> list:
+    """The synthetic trace: a list of `host.engine.Request` (ids 0..n-1), a function of its arguments."""
+    from host.engine import Request
+    gen = random.Random(seed)
+    prefixes = [[gen.randrange(16) for _ in range(PREFIX_LEN)] for _ in range(N_PREFIXES)]
+    t, reqs = 0.0, []
+    for i in range(n):
+        pl = _long_tail(gen, *prompt_len)
+        gl = _long_tail(gen, *gen_len)
+        if gen.random() < prefix_share:
+            pre = prefixes[gen.randrange(N_PREFIXES)]
+            prompt = pre[:pl] + [gen.randrange(16) for _ in range(pl - len(pre))]
+        else:
+            prompt = [gen.randrange(16) for _ in range(pl)]
+        if arrivals[0] == "poisson" and i:
+            t += gen.expovariate(arrivals[1])
+        reqs.append(Request(i, prompt, gl, int(t)))
+    return reqs
+
+
+def replay_cmd(a, r) -> list:
+    """The ``python -m sim.decode`` argument list that replays request `r` alone (same calibration)."""
+    cmd = ["python", "-m", "sim.decode", "--prompt", ",".join(map(str, r["prompt"])), "--steps", str(r["gen"]),
+           "--window", "none" if a.window is None else str(a.window), "--model", a.model,
+           "--chip", a.chip.spec(), "--sim", "reference"]
+    if a.sinks:
+        cmd += ["--sinks", str(a.sinks)]
+    if a.seed_model is not None:
+        cmd += ["--seed", str(a.seed_model)]
+    return cmd
+
+
+def _p99(v):
+    v = sorted(v)
+    return v[max(0, math.ceil(0.99 * len(v)) - 1)] if v else 0
+
+
+def _mean(v):
+    return sum(v) / len(v) if v else 0.0
+
+
+def summary(res: dict) -> dict:
+    """The figures of a served trace (integers where they are counts of cycles, rows or pages)."""
+    done = [r for r in res["requests"] if "refused" not in r]
+    tokens = sum(len(r["tokens"]) for r in done)
+    ttft = [r["ttft_cycles"] for r in done]
+    tpot = [(r["finish_cycles"] - r["ttft_cycles"]) / (len(r["tokens"]) - 1) for r in done if len(r["tokens"]) > 1]
+    pages = [s["pages"] for s in res["steps"]]
+    total = res["total_cycles"]
+    return {"requests_finished": len(done), "refused": len(res["requests"]) - len(done),
+            "tokens_generated": tokens, "total_cycles": total,
+            "tokens_per_mcycle": round(tokens * 1e6 / total, 3) if total else 0.0,
+            "ttft_mean_cycles": round(_mean(ttft), 1), "ttft_p99_cycles": _p99(ttft),
+            "tpot_mean_cycles": round(_mean(tpot), 1), "tpot_p99_cycles": round(_p99(tpot), 1),
+            "peak_pages": max(pages, default=0), "mean_pages": round(_mean(pages), 2),
+            "peak_running": max((s["running"] for s in res["steps"]), default=0),
+            "preemptions": res["preemptions"], "prefix_hit_rows": res["prefix_hit_rows"],
+            "prompt_rows_computed": sum(r["prompt_rows_computed"] for r in done),
+            "engine_steps": len(res["steps"]), "programs_compiled": res["programs_compiled"]}
+
+
+def serve(a, backend=None, max_batch=None, progress=None) -> dict:
+    """Serve the trace of parsed arguments `a` (``max_batch`` overrides ``a.max_batch``); the engine's result."""
+    from host import tiny_lm as T
+    from host.engine import Engine
+    from sim.backend import get_backend
+    cfg = a.chip
+    m = T.make_model(a.model, a.seed_model if a.seed_model is not None else (1 if a.model == "structured" else 2))
+    backend = backend or get_backend(a.sim, config=cfg)
+    reqs = make_trace(a.requests, a.seed, a.prompt_len, a.gen_len, a.prefix_share, a.arrival)
+    e = Engine(m, backend, max_batch=max_batch or a.max_batch, window=a.window, sinks=a.sinks, page=a.page,
+               n_pages=a.pages, prefix_cache=not a.no_prefix_cache, alloc=a.alloc,
+               lat=cfg.lat if a.lat is None else a.lat, config=cfg)
+    res = e.run(reqs, progress=progress)
+    res["model"] = m
+    return res
+
+
+def build_parser() -> Parser:
+    p = Parser(
+        "python -m sim.serve",
+        "Serve a synthetic trace of requests on the GA-2 chip: continuous batching (decode rows first, then "
+        "prompt rows), admission with a free-page watermark, preemption by recompute, prefix caching and "
+        "attention sinks over one page pool (host.engine). Prints requests finished, tokens generated, chip "
+        "cycles, tokens per million cycles, time to first token and per output token (cycles; mean and p99), "
+        "pages in use, preemptions and prefix-cache hit rows, and checks that every request equals its replay "
+        "alone (sim.decode --prompt; exit status 1 if one differs).",
+        "python -m sim.serve --requests 24 --seed 3 --max-batch 4 --window 8 --sim reference --json a.json\n"
+        "python -m sim.serve --prefix-share 0.5 --no-prefix-cache\n"
+        "python -m sim.serve --pages 12 --max-batch 8 --alloc contiguous --out out/serve")
+    p.add_argument("--requests", type=int_range(1, 10000), default=24, metavar="N", help="requests in the trace")
+    p.add_argument("--seed", type=int, default=3, metavar="S", help="trace seed")
+    p.add_argument("--arrival", type=arrival, default=("all", 0.0), metavar="all|poisson:RATE",
+                   help="every request at step 0, or Poisson arrivals of RATE requests per engine step")
+    p.add_argument("--prompt-len", type=span, default=(2, 16), metavar="A:B", help="prompt tokens, A..B")
+    p.add_argument("--gen-len", type=span, default=(2, 16), metavar="A:B", help="tokens to generate, A..B")
+    p.add_argument("--prefix-share", type=fraction, default=0.0, metavar="F",
+                   help=f"fraction of prompts that begin with one of {N_PREFIXES} shared prefixes of "
+                        f"{PREFIX_LEN} tokens")
+    p.add_argument("--max-batch", type=int_range(1, 64), default=4, metavar="B",
+                   help="rows per chip program (and running requests) at most")
+    p.add_argument("--window", type=window, default=8, metavar="{none|N}",
+                   help="each row attends its new token and at most N-1 previous ones")
+    p.add_argument("--sinks", type=int_range(0, None), default=0, metavar="S",
+                   help="also keep and attend the first S rows of every request (needs a window)")
+    p.add_argument("--page", type=int_range(1, None), default=4, metavar="P", help="cache rows per page")
+    p.add_argument("--pages", type=int_range(1, None), default=64, metavar="N", help="pages in the pool")
+    p.add_argument("--alloc", choices=("paged", "contiguous"), default="paged",
+                   help="paged: pages as rows come; contiguous: the baseline reserving the longest request's "
+                        "pages per request (no prefix cache)")
+    p.add_argument("--no-prefix-cache", action="store_true", help="compute every prompt row")
+    p.add_argument("--mode", choices=("book", "resident"), default="book",
+                   help="book: the host gathers each row's cache rows into the image (resident: not built "
+                        "for serving yet, refused)")
+    chip_option(p, help="the chip the programs are compiled for and the simulator runs")
+    p.add_argument("--model", choices=("structured", "random"), default="structured", help="the tiny LM")
+    p.add_argument("--model-seed", dest="seed_model", type=int, default=None, metavar="S",
+                   help="model seed (default 1 for structured, 2 for random)")
+    sim_option(p, DEFAULT_SIM, help="which simulator runs the chip (the replays alone run on the reference)")
+    p.add_argument("--lat", type=int_range(1, MAX_LAT), default=None, metavar="N",
+                   help="external memory read latency (default: the chip's)")
+    p.add_argument("--json", type=output_file, default=None, metavar="PATH", help="write the run as JSON")
+    p.add_argument("--out", type=output_dir, default=None, metavar="DIR",
+                   help="draw DIR/serve_throughput.png (the trace at batch 1, 2, 4, 8 on the reference) and "
+                        "DIR/serve_pages.png (pages in use per engine step)")
+    p.add_argument("--no-verify", action="store_true", help="skip the replays alone")
+    return p
+
+
+def check_args(a) -> None:
+    if a.mode == "resident":
+        raise UsageError("--mode resident is not built for serving yet: use --mode book")
+    if a.sinks and a.window is None:
+        raise UsageError(f"--sinks {a.sinks} needs a window (--window N)")
+    if a.page * a.pages > (1 << 20):
+        raise UsageError(f"--page {a.page} --pages {a.pages}: more than 2^20 rows")
+    if a.out:
+        from sim.sweep import _plt
+        _plt()
+
+
+def _draw(path, title, xs, ys, xlabel, ylabel, kind="line"):
+    from sim.sweep import _plt
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    if kind == "bar":
+        ax.bar([str(x) for x in xs], ys)
+    else:
+        ax.step(xs, ys, where="post")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    fig.tight_layout()
+    tmp = f"{path}.tmp"
+    try:
+        fig.savefig(tmp, dpi=110, format="png")
+        os.replace(tmp, path)
+    finally:
+        plt.close(fig)
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+    print(f"wrote {path}")
+
+
+def main(argv=None, out=None) -> int:
+    out = out or sys.stdout
+    a = build_parser().parse_args(argv)
+    check_args(a)
+    from host.engine import decode_alone
+    from host.batch import BatchRunner
+    from sim.reference import ReferenceMachine
+    t0 = time.perf_counter()
+    with Progress(f"serving on {a.sim}", unit="request") as bar:
+        res = serve(a, progress=bar)
+    wall = time.perf_counter() - t0
+    m = res.pop("model")
+    s = summary(res)
+    for r in res["requests"]:
+        if "refused" in r:
+            print(f"error: {r['refused']} (refused; the other requests are served)", file=out)
+        else:
+            r["replay_cmd"] = replay_cmd(a, r)
+    w = "none" if a.window is None else a.window
+    print(f"GA-2 serve: {a.requests} requests (seed {a.seed}), max batch {a.max_batch}, window {w}, sinks "
+          f"{a.sinks}, pool {a.pages} pages of {a.page} rows ({a.alloc}), prefix cache "
+          f"{'off' if a.no_prefix_cache or a.alloc == 'contiguous' else 'on'}, chip {a.chip.spec()}, mode "
+          f"{a.mode}, simulator {a.sim}", file=out)
+    print(f"requests finished {s['requests_finished']} (refused {s['refused']}), tokens generated "
+          f"{s['tokens_generated']}, total chip cycles {s['total_cycles']:,}, tokens per million cycles "
+          f"{s['tokens_per_mcycle']}", file=out)
+    print(f"time to first token: mean {s['ttft_mean_cycles']:,} p99 {s['ttft_p99_cycles']:,} cycles; per output "
+          f"token: mean {s['tpot_mean_cycles']:,} p99 {s['tpot_p99_cycles']:,} cycles", file=out)
+    print(f"pages in use: peak {s['peak_pages']}, mean {s['mean_pages']}; requests running at once: peak "
+          f"{s['peak_running']}; preemptions {s['preemptions']}; prefix-cache hit rows {s['prefix_hit_rows']}; "
+          f"prompt rows computed {s['prompt_rows_computed']}; {s['engine_steps']} engine steps, "
+          f"{s['programs_compiled']} programs compiled", file=out)
+    status = 0
+    if not a.no_verify:
+        runner = BatchRunner(m, ReferenceMachine(config=a.chip), cfg_lat(a), a.chip)
+        bad = []
+        done = [r for r in res["requests"] if "refused" not in r]
+        for r in done:
+            toks, logits, _ = decode_alone(m, r["prompt"], r["gen"], None, a.window, a.sinks, runner=runner)
+            if toks != r["tokens"] or logits != r["logits_int"]:
+                bad.append(r["id"])
+        if bad:
+            status = 1
+            print(f"replays alone: {len(bad)} of {len(done)} requests DIFFER (ids {bad[:10]}); e.g. "
+                  f"{' '.join(replay_cmd(a, next(r for r in done if r['id'] == bad[0])))}", file=out)
+        else:
+            print(f"replays alone: {len(done)} of {len(done)} requests identical (tokens and integer logits, "
+                  f"sim.decode --prompt on the reference)", file=out)
+    doc = {"requests": [{k: v for k, v in r.items()} for r in res["requests"]],
+           **{k: v for k, v in s.items()}, "max_batch": a.max_batch, "mode": a.mode, "chip": a.chip.spec(),
+           "window": a.window, "sinks": a.sinks, "page": a.page, "pages": a.pages, "alloc": a.alloc,
+           "prefix_cache": not a.no_prefix_cache and a.alloc == "paged",
+           "steps": res["steps"], "run": {"sim": a.sim, "wall_seconds": round(wall, 2)}}
+    if a.out:
+        make_dir(a.out, out)
+        sizes, rates = [1, 2, 4, 8], []
+        for b in sizes:
+            rb = serve(a, backend=ReferenceMachine(config=a.chip), max_batch=b)
+            rb.pop("model")
+            rates.append(summary(rb)["tokens_per_mcycle"])
+        doc["throughput_by_batch"] = dict(zip(map(str, sizes), rates))
+        _draw(os.path.join(a.out, "serve_throughput.png"), f"{a.requests} requests, window {w}, chip "
+              f"{a.chip.spec()}", sizes, rates, "max batch (rows per program)", "tokens per million cycles", "bar")
+        _draw(os.path.join(a.out, "serve_pages.png"), f"pool of {a.pages} pages, max batch {a.max_batch}",
+              [st["step"] for st in res["steps"]], [st["pages"] for st in res["steps"]], "engine step",
+              "pages owned by requests")
+    if a.json:
+        write_json(a.json, doc, out=out)
+    return status
+
+
+def cfg_lat(a) -> int:
+    return a.chip.lat if a.lat is None else a.lat
+
+
+# ---- sim.decode --prompt: one request alone ----------------------------------------------------------
+
+def check_prompt_args(a) -> None:
+    """`sim.decode`'s checks when ``--prompt`` is given (the context limit of every row)."""
+    from host.window import sink_context
+    if getattr(a, "mode", "book") != "book":
+        raise UsageError("--prompt runs in --mode book only for now")
+    if a.sinks and a.window is None:
+        raise UsageError(f"--sinks {a.sinks} needs a window (--window N)")
+    rows = len(a.prompt) + a.steps - 1
+    ctx = max(sink_context(L, a.window, a.sinks) for L in range(1, rows + 1))
+    if ctx > a.chip.mm_max_k:
+        raise UsageError(f"--prompt of {len(a.prompt)} tokens and --steps {a.steps} need a context of {ctx} "
+                         f"tokens; the chip attends at most {a.chip.mm_max_k}: use a window")
+
+
+def run_prompt_decode(a, out=None) -> dict:
+    """`sim.decode --prompt`: the request alone, with the engine's calibration (`host.engine.decode_alone`)."""
+    out = out or sys.stdout
+    from host import tiny_lm as T
+    from host.engine import decode_alone
+    from sim.backend import get_backend
+    seed = a.seed if a.seed is not None else (1 if a.model == "structured" else 2)
+    cfg = a.chip
+    lat = cfg.lat if a.lat is None else a.lat
+    m = T.make_model(a.model, seed)
+    t0 = time.perf_counter()
+    toks, logits, recs = decode_alone(m, a.prompt, a.steps, get_backend(a.sim, config=cfg), a.window, a.sinks,
+                                      lat, cfg)
+    w = "none" if a.window is None else str(a.window)
+    print(f"GA-2 decode of a prompt alone: {a.model} model (seed {seed}), prompt {','.join(map(str, a.prompt))}, "
+          f"{a.steps} tokens generated, window {w}, sinks {a.sinks}, simulator {a.sim}, chip {cfg.spec()} "
+          f"(the serving engine's calibration: host.batch)", file=out)
+    print(f"tokens: {' '.join(map(str, a.prompt))} | {' '.join(map(str, toks))}", file=out)
+    total = sum(r["counters"][0] for r in recs)
+    if not a.quiet:
+        print(f"\n{'row':>5} {'ctx':>4} {'tok':>4} {'total':>8}", file=out)
+        for r in recs:
+            print(f"{r['L']:5d} {r['ctx']:4d} {r['tok']:4d} {r['counters'][0]:8d}", file=out)
+    print(f"total cycles {total} over {len(recs)} rows ({time.perf_counter() - t0:.1f} s)", file=out)
+    return {"prompt": list(a.prompt), "steps": a.steps, "window": a.window, "sinks": a.sinks, "model": a.model,
+            "seed": seed, "sim": a.sim, "chip": cfg.spec(), "lat": lat,
+            "tokens": list(a.prompt) + toks, "logits_int": logits, "calibration": "universal",
+            "records": [{"L": r["L"], "ctx": r["ctx"], "tok": r["tok"], "counters": r["counters"]} for r in recs],
+            "cycles_total": total}
+
+
+if __name__ == "__main__":
+    sys.exit(guarded(main))
