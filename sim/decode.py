@@ -210,7 +210,9 @@ def run_decode(a, out=None):
               "mm/dma/vec: busy cycles of the units (total adds 2 per instruction, fetch and issue, and 2 for HALT)", file=out)
     if counted is not None:
         result["check"] = {"steps": counted.runs, "words": counted.words, "identical": True}
-        print(f"check: {counted.runs} steps compared with the reference machine: all five counters and "
+        runs = f"{counted.runs} steps" if mode == "book" else \
+            f"{counted.runs} runs (the load program and {counted.runs - 1} steps)"
+        print(f"check: {runs} compared with the reference machine: all five counters and "
               f"{counted.words:,} external-memory words identical", file=out)
     rate = sums[0] / t_run if t_run > 0 else float("inf")
     print(f"\ncalibration and compile setup {t_cal:.1f} s; {a.steps} steps simulated in {t_run:.1f} s "
