@@ -38,7 +38,7 @@ from hdl.config import ChipConfig
 
 from .emit import Program, compile_graph
 from .graph import CompileError, Graph
-from .image import quantize_matrix, readback
+from .image import quantize_matrix
 
 __all__ = ["ResidentLayout", "plan_layout", "LoadProgram", "compile_load", "compile_step",
            "compile_page_copy", "check_same_weights", "check_row_round_trip", "mailbox_words"]
@@ -133,7 +133,7 @@ def plan_layout(graph: Graph, config: ChipConfig, page_rows: int, pool_pages: in
     if not 1 <= pool_pages < 1 << 12:
         raise CompileError(f"resident mode's pool holds 1..4095 pages (the 12-bit pool_pages field), "
                            f"not {pool_pages}")
-    weights, addr = {}, None
+    weights = {}
     sizes = [(n.attrs["name"], n.size) for n in graph.nodes if n.op == "weight"]
     total = sum(s for _, s in sizes)
     weights_base = config.spad_depth - total
@@ -283,7 +283,7 @@ def compile_step(layout: ResidentLayout, graph: Graph, calib_samples, ranges, lo
     e = P.ext_map
     common = dict(table=layout.table_addr, table_len=table_len, page_log2=layout.page_log2,
                   row_log2=layout.row_log2, pool_pages=layout.pool_pages)
-    code, instrs, notes = [], [], []
+    instrs, notes = [], []
 
     def put(ins, note):
         instrs.append(ins)
@@ -368,8 +368,3 @@ def compile_page_copy(layout: ResidentLayout, rows: int) -> list:
     except isa.IsaError as err:
         raise CompileError(f"the page copy is not legal for the chip: {err}") from None
     return code
-
-
-def read_outputs(P: Program, ext) -> dict:
-    """tok and logits of a resident step (ints and floats), from the final external memory."""
-    return readback(P, ext)
