@@ -4,9 +4,14 @@ Each non-HALT instruction costs 1 FETCH + 1 ISSUE + B WAIT cycles, B being its u
 unit's `done` pulse is seen in the last WAIT cycle); HALT costs 2. `cur` decides which unit drives the
 scratchpad port (spec 2.3, `PortOwner`); a WAIT cycle counts in the class `hdl.isa.COUNTER_OF` gives its
 opcode; the five counters are cleared by `start` and wrap at 2^counter_bits (2^32).
+
+A chip with ``config.gather`` also has the resident mode's GATHER and SCATTER units (docs/resident.md):
+GATHER shares LD's external read port and SCATTER ST's write port, each by ``cur``, and a bad block table
+stops the chip with the error state (the next instruction acts as HALT). On the book's chip none of this
+exists: opcodes 9 and 10 are illegal and the design is the book's.
 """
 
-from amaranth.hdl import Module, Signal
+from amaranth.hdl import Module, Mux, Signal
 from amaranth.lib import enum, wiring
 from amaranth.lib.wiring import In, Out, connect
 
@@ -20,10 +25,13 @@ from .units.mm import MatrixUnit
 from .units.rq import RequantUnit
 from .units.sm import SoftmaxUnit
 from .units.st import StoreUnit
+from .units.gather import ErrorKind, GatherUnit
+from .units.scatter import ScatterUnit
 from .units.unpack import UnpackUnit
 from .units.vadd import VaddUnit
 
-__all__ = ["GA2", "SeqState", "PortOwner", "CUR_NONE", "CHIP_PROPERTIES", "ILLEGAL_COUNTER"]
+__all__ = ["GA2", "SeqState", "PortOwner", "CUR_NONE", "CHIP_PROPERTIES", "RESIDENT_CHIP_PROPERTIES",
+           "ILLEGAL_COUNTER"]
 
 CUR_NONE = 15       # `cur` when no unit owns the scratchpad
 # The counter of a WAIT cycle whose `cur` names no unit of this chip (an illegal opcode, spec 2.2); every
@@ -37,6 +45,12 @@ CHIP_PROPERTIES = {
     "counters": "outside IDLE, total = 2*n_inst + mm + dma + vec + (0 FETCH, 1 ISSUE, 2 WAIT/HALT) mod 2^counter_bits",
     "state_legal": "the sequencer state is one of IDLE, FETCH, ISSUE, WAIT, HALT",
     "halt_stays": "once in HALT, the sequencer stays there with halted high until a reset",
+}
+
+
+# The properties only a chip with gather=1 has (docs/resident.md), as CHIP_PROPERTIES.
+RESIDENT_CHIP_PROPERTIES = {
+    "halt_quiet": "in HALT (an error stop's included) no unit is busy: nothing moves after the chip stops",
 }
 
 
@@ -134,6 +148,10 @@ class GA2(wiring.Component):
     cyc_total, cyc_mm, cyc_dma, cyc_vec, n_inst : Out(config.counter_bits)
         Counters: all cycles from the first FETCH to the HALT's ISSUE, WAIT cycles of MM, of LD/ST,
         of every other opcode (illegal ones included), and completed non-HALT instructions.
+    error, error_kind, error_pc, error_info : Out(1), Out(ErrorKind), Out(16), Out(config.word_bits)
+        Only with ``config.gather``: the error state of docs/resident.md, set when a GATHER or SCATTER
+        ends on a bad table (kind ROW or PAGE, the instruction's pc, the table index or the bad entry);
+        cleared by ``rst`` only. The chip built for it must know the memory's LAT (``config.lat``).
 
     Attributes
     ----------
@@ -167,6 +185,8 @@ class GA2(wiring.Component):
             "cyc_dma":    Out(c),
             "cyc_vec":    Out(c),
             "n_inst":     Out(c),
+            **({"error": Out(1), "error_kind": Out(ErrorKind), "error_pc": Out(16), "error_info": Out(w)}
+               if cfg.gather else {}),
         })
 
     def elaborate(self, platform):
@@ -176,7 +196,8 @@ class GA2(wiring.Component):
         m.submodules.ld = ld = DMA(config=cfg)
         units = {op: cls(config=cfg) for op, cls in (
             (Op.ST, StoreUnit), (Op.MM, MatrixUnit), (Op.RQ, RequantUnit), (Op.SM, SoftmaxUnit),
-            (Op.VADD, VaddUnit), (Op.AMAX, ArgmaxUnit), (Op.UNPACK, UnpackUnit))}
+            (Op.VADD, VaddUnit), (Op.AMAX, ArgmaxUnit), (Op.UNPACK, UnpackUnit),
+            *(((Op.GATHER, GatherUnit), (Op.SCATTER, ScatterUnit)) if cfg.gather else ()))}
         for op, unit in units.items():
             m.submodules[op.name.lower()] = unit
         every = {Op.LD: ld, **units}
@@ -186,6 +207,12 @@ class GA2(wiring.Component):
         opcode = ins[124:128]
         go = Signal()
         m.d.comb += [go.eq(st == SeqState.ISSUE), self.imem_addr.eq(pc)]
+        is_halt = opcode == Op.HALT
+        if cfg.gather:
+            # the error stop: the instruction after a failed GATHER/SCATTER is issued as a HALT, whatever
+            # the ROM holds, and starts no unit
+            is_halt = is_halt | self.error
+            m.d.comb += go.eq((st == SeqState.ISSUE) & ~self.error)
 
         # The instruction wiring lives in a small submodule so that a simulator re-evaluates it only when
         # a new instruction is fetched or issued.
@@ -205,18 +232,45 @@ class GA2(wiring.Component):
             ld.src.eq(ld_field("src")),
             ld.length.eq(ld_field("len")),
         ]
-        m.d.comb += [
-            self.req_valid.eq(ld.req_valid),
-            self.req_addr.eq(ld.req_addr),
-            ld.resp_valid.eq(self.resp_valid),
-            ld.resp_data.eq(self.resp_data),
-        ]
         store = units[Op.ST]
-        m.d.comb += [
-            self.wr_valid.eq(store.wr_valid),
-            self.wr_addr.eq(store.wr_addr),
-            self.wr_data.eq(store.wr_data),
-        ]
+        if not cfg.gather:
+            m.d.comb += [
+                self.req_valid.eq(ld.req_valid),
+                self.req_addr.eq(ld.req_addr),
+                ld.resp_valid.eq(self.resp_valid),
+                ld.resp_data.eq(self.resp_data),
+            ]
+            m.d.comb += [
+                self.wr_valid.eq(store.wr_valid),
+                self.wr_addr.eq(store.wr_addr),
+                self.wr_data.eq(store.wr_data),
+            ]
+        else:
+            # GATHER shares LD's read port and SCATTER ST's write port, by owner; a response goes only
+            # to the owner (the other engine would take it for one of its own and write it)
+            gather, scatter = units[Op.GATHER], units[Op.SCATTER]
+            gathering, scattering = cur == Op.GATHER, cur == Op.SCATTER
+            m.d.comb += [
+                self.req_valid.eq(Mux(gathering, gather.req_valid, ld.req_valid)),
+                self.req_addr.eq(Mux(gathering, gather.req_addr, ld.req_addr)),
+                ld.resp_valid.eq(self.resp_valid & ~gathering),
+                ld.resp_data.eq(self.resp_data),
+                gather.resp_valid.eq(self.resp_valid & gathering),
+                gather.resp_data.eq(self.resp_data),
+                self.wr_valid.eq(Mux(scattering, scatter.wr_valid, store.wr_valid)),
+                self.wr_addr.eq(Mux(scattering, scatter.wr_addr, store.wr_addr)),
+                self.wr_data.eq(Mux(scattering, scatter.wr_data, store.wr_data)),
+            ]
+            # the failing unit's report, taken with its done
+            failed = Signal()
+            with m.Switch(cur):
+                for op in (Op.GATHER, Op.SCATTER):
+                    with m.Case(op):
+                        m.d.comb += failed.eq(units[op].done & units[op].error)
+            with m.If(failed):
+                unit_error = Mux(gathering, gather.error_kind.as_value(), scatter.error_kind.as_value())
+                m.d.sync += [self.error.eq(1), self.error_kind.eq(unit_error), self.error_pc.eq(pc),
+                             self.error_info.eq(Mux(gathering, gather.error_info, scatter.error_info))]
 
         # ---- scratchpad ownership by `cur` (spec 2.3) ----
         m.submodules.port = owner = PortOwner(every, config=cfg)
@@ -250,7 +304,7 @@ class GA2(wiring.Component):
                              st.eq(SeqState.ISSUE)]
             with m.Case(SeqState.ISSUE):
                 m.d.sync += self.cyc_total.eq(self.cyc_total + 1)
-                with m.If(opcode == Op.HALT):
+                with m.If(is_halt):
                     m.d.sync += [st.eq(SeqState.HALT), self.halted.eq(1), cur.eq(CUR_NONE)]
                 with m.Else():
                     m.d.sync += [st.eq(SeqState.WAIT), cur.eq(opcode)]
@@ -315,6 +369,12 @@ class GA2(wiring.Component):
         h.check("state_legal", st.as_value() <= SeqState.HALT.value, t["state_legal"])
 
         # HALT is left only by a reset.
+        if self.config.gather:
+            busy = 0
+            for u in every.values():
+                busy = busy | u.busy
+            h.check("halt_quiet", (st != SeqState.HALT) | ~busy, RESIDENT_CHIP_PROPERTIES["halt_quiet"])
+
         was_halt = h.past(st == SeqState.HALT, "halt")
         h.check("halt_stays", ~(h.valid & was_halt) | ((st == SeqState.HALT) & self.halted),
                 t["halt_stays"])

@@ -5,6 +5,8 @@ Run protocol: reset for one edge, load ROM and ext (backdoor ports or the Memori
 ports or the Memories).
 """
 
+from dataclasses import replace
+
 from amaranth.hdl import Module
 from amaranth.lib import wiring
 from amaranth.lib.memory import Memory
@@ -41,6 +43,9 @@ def harness_signature(config=BOOK):
         "ext_rdata": Out(w),
         "spad_addr": In(range(config.spad_depth)),
         "spad_rdata": Out(w),
+        # resident mode (docs/resident.md) only: an initial scratchpad and the error state
+        **({"spad_we": In(1), "spad_wdata": In(w), "error": Out(1), "error_kind": Out(2),
+            "error_pc": Out(16), "error_info": Out(w)} if config.gather else {}),
     })
 
 
@@ -87,6 +92,11 @@ class ChipHarness(wiring.Component):
         Backdoor scratchpad read address (after the run).
     spad_rdata : Out(32)
         Combinational read of the chip's scratchpad at ``spad_addr``.
+    spad_we, spad_wdata : In(1), In(32)
+        Only with ``config.gather``: backdoor scratchpad write at ``spad_addr`` (before ``start``), the
+        initial scratchpad of a resident-mode run.
+    error, error_kind, error_pc, error_info : Out(1), Out(2), Out(16), Out(32)
+        Only with ``config.gather``: the chip's error state.
 
     Attributes
     ----------
@@ -107,7 +117,8 @@ class ChipHarness(wiring.Component):
             raise ValueError(f"rom_words = {rom_words}: the backdoor ROM address has 8 bits "
                              f"(at most {BOOK.rom_words})")
         self.config = config
-        self.chip = GA2(config=config)
+        # A resident-mode chip times its error stop by the memory's LAT, so it is built for this one.
+        self.chip = GA2(config=replace(config, lat=lat) if config.gather else config)
         self.backdoor = bool(backdoor)
         self.extmem = ExtMemory(ext_words, lat, backdoor=self.backdoor, config=config)
         self.ext = self.extmem.memory
@@ -149,6 +160,10 @@ class ChipHarness(wiring.Component):
             # a read port of its own on the chip's scratchpad: the chip's port is busy with the chip
             peek = chip.scratchpad.memory.read_port(domain="comb")
             m.d.comb += [peek.addr.eq(self.spad_addr), self.spad_rdata.eq(peek.data)]
+            if self.config.gather:
+                poke = chip.scratchpad.memory.write_port()
+                m.d.comb += [poke.en.eq(self.spad_we), poke.addr.eq(self.spad_addr),
+                             poke.data.eq(self.spad_wdata)]
 
         rw.d.comb += [
             ext.req_valid.eq(chip.req_valid),
@@ -170,4 +185,7 @@ class ChipHarness(wiring.Component):
             self.cyc_vec.eq(chip.cyc_vec),
             self.n_inst.eq(chip.n_inst),
         ]
+        if self.config.gather:
+            sw.d.comb += [self.error.eq(chip.error), self.error_kind.eq(chip.error_kind),
+                          self.error_pc.eq(chip.error_pc), self.error_info.eq(chip.error_info)]
         return m

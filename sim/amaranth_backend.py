@@ -3,7 +3,8 @@
 The chip is built from one configuration (`hdl.config.ChipConfig`, the book's by default). One
 `Simulator` per (EXT, LAT) is built on first use and reused: `Simulator.reset()` returns every
 register and memory to its initial (zero) state, which also zeroes the scratchpad as the book's
-testbench does. The ROM and the image are written into the memories before `start`; during the run the
+testbench does. The ROM, the image and (resident mode, docs/resident.md) an initial scratchpad are
+written into the memories before `start`; during the run the
 testbench sleeps until `halted` rises (or the cycle budget runs out), so no Python runs per cycle; then
 it reads the counters, the external memory and the scratchpad straight from the signals and Memories.
 """
@@ -16,8 +17,8 @@ from hdl.chip import SeqState
 from hdl.config import BOOK
 from hdl.harness import ChipHarness
 from hdl.isa import Op
-from sim.backend import (MAX_CYCLES, Backend, BadInput, DidNotHalt, RunResult, check_lat, check_max_cycles,
-                         image_words, program_words)
+from sim.backend import (MAX_CYCLES, Backend, BadInput, DidNotHalt, ErrorStop, RunResult, check_lat,
+                         check_max_cycles, image_words, program_words, scratchpad_words)
 
 __all__ = ["AmaranthBackend", "BadInput"]
 
@@ -55,6 +56,9 @@ class _Rig:
         for row, w in zip(self.ext_rows, job.image):
             if w:                # memories start at zero after reset: write only the rest
                 ctx.set(row, w)
+        for row, w in zip(self.spad_rows, job.spad or ()):
+            if w:
+                ctx.set(row, w)
         ctx.set(self.cd.rst, 1)
         await ctx.tick()
         ctx.set(self.cd.rst, 0)
@@ -67,12 +71,18 @@ class _Rig:
         budget = job.max_cycles + 2
         if not ctx.get(h.halted):
             await ctx.posedge(h.halted).delay((budget + 0.5) * _PERIOD)
+        if ctx.get(h.halted) and h.config.gather:
+            # one more edge: the design's Asserts then judge the first HALT cycle too (nothing may still
+            # move after an error stop: chip.halt_quiet); HALT changes no counter or memory
+            await ctx.tick()
         chip = h.chip
         job.halted = ctx.get(h.halted)
         job.counters = [ctx.get(c) for c in (h.cyc_total, h.cyc_mm, h.cyc_dma, h.cyc_vec, h.n_inst)]
         job.where = (ctx.get(chip.pc), ctx.get(chip.cur), ctx.get(chip.state))
         job.ext = [ctx.get(row) for row in self.ext_rows]
         job.scratchpad = [ctx.get(row) for row in self.spad_rows]
+        if self.harness.config.gather and ctx.get(chip.error):
+            job.error = (ctx.get(chip.error_kind), ctx.get(chip.error_pc), ctx.get(chip.error_info))
 
     def run(self, job, vcd=None):
         if not self.fresh:
@@ -90,9 +100,11 @@ class _Rig:
 
 
 class _Job:
-    def __init__(self, rom, image, max_cycles):
+    def __init__(self, rom, image, max_cycles, spad=None):
         self.rom = rom
         self.image = image
+        self.spad = spad
+        self.error = None
         self.max_cycles = max_cycles
         self.halted = False
         self.counters = None
@@ -127,19 +139,25 @@ class AmaranthBackend(Backend):
             self._rigs[key] = _Rig(ext_words, lat, self.config)
         return self._rigs[key]
 
-    def run(self, program, image, lat: int = 8) -> RunResult:
-        """Run `program` (128-bit words or Instr, HALT last) on `image` (EXT words) with latency `lat`."""
+    def run(self, program, image, lat: int = 8, scratchpad=None) -> RunResult:
+        """Run `program` (128-bit words or Instr, HALT last) on `image` (EXT words) with latency `lat`,
+        the scratchpad starting as `scratchpad` (None: all zero; else ``config.spad_depth`` words)."""
         check_lat(lat)
         rom = program_words(program)
         ext = image_words(image)
-        job = _Job(rom, ext, self.max_cycles)
+        spad = scratchpad_words(scratchpad, self.config.spad_depth)
+        job = _Job(rom, ext, self.max_cycles, spad)
         self._rig(len(ext), lat).run(job, self.vcd)
         total = job.counters[0]
         if not job.halted or total > self.max_cycles:
             pc, cur, state = job.where
             raise DidNotHalt(f"did not halt within {self.max_cycles} cycles "
                              f"({_where(pc, cur, state, rom)})")
-        return RunResult(ext=job.ext, counters=job.counters, scratchpad=job.scratchpad)
+        error = None
+        if job.error is not None:
+            kind, pc, info = job.error
+            error = ErrorStop(ErrorStop.KINDS[int(kind.value if hasattr(kind, "value") else kind)], pc, info)
+        return RunResult(ext=job.ext, counters=job.counters, scratchpad=job.scratchpad, error=error)
 
 
 def _where(pc, cur, state, rom):

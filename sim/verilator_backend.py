@@ -21,8 +21,8 @@ from array import array
 from pathlib import Path
 
 from hdl.config import BOOK, ChipConfig
-from sim.backend import (MAX_CYCLES, Backend, BackendUnavailable, BadInput, DidNotHalt, RunResult, SimError,
-                         check_lat, check_max_cycles, image_words, program_words)
+from sim.backend import (MAX_CYCLES, Backend, BackendUnavailable, BadInput, DidNotHalt, ErrorStop, RunResult,
+                         SimError, check_lat, check_max_cycles, image_words, program_words, scratchpad_words)
 
 __all__ = ["VerilatorBackend", "default_build_root", "verilator_command"]
 
@@ -32,7 +32,8 @@ PREFIX = "Vga2"
 EXE = "ga2sim"
 MAGIC_JOBS = 0x4A324147
 MAGIC_RESULTS = 0x52324147
-RESULT_HEAD = 9                 # halted, edges, five counters, run ns (two words); then ext, scratchpad
+RESULT_HEAD = 13                # halted, edges, five counters, run ns (two words), error, kind, pc, info;
+                                # then ext, scratchpad
 
 # Verilator options. The emitted Verilog has no X values and gives every register and memory word an
 # initial value (zero unless stated), so the X options cannot change a result: "fast" lets Verilator
@@ -215,6 +216,8 @@ class VerilatorBackend(Backend):
         driver = DRIVER.read_text()
         cfg = self.config
         defines = [f"-DGA2_EXT={ext}", f"-DGA2_LAT={lat}", f"-DGA2_SPAD={cfg.spad_depth}"]
+        if cfg.gather:      # the harness has the scratchpad backdoor and the error outputs
+            defines.append("-DGA2_GATHER=1")
         # Emitting the chip's Verilog takes seconds, so for the default design a shortcut maps the
         # hdl/ sources (+ everything else that goes into the model) to the model built from them.
         shortcut = None
@@ -294,12 +297,15 @@ class VerilatorBackend(Backend):
 
     # ---- running ----------------------------------------------------------------------------------
 
-    def run(self, program, image, lat: int = 8) -> RunResult:
-        return self.run_many([(program, image, lat)])[0]
+    def run(self, program, image, lat: int = 8, scratchpad=None) -> RunResult:
+        return self.run_many([(program, image, lat, scratchpad)])[0]
 
     def run_many(self, jobs, lat: int = 8, return_errors: bool = False) -> list[RunResult]:
-        """Run many ``(program, image[, lat])`` jobs (``lat`` defaults to the argument) in one process
-        invocation per (EXT, LAT).
+        """Run many ``(program, image[, lat[, scratchpad]])`` jobs (``lat`` defaults to the argument, a
+        scratchpad of None starts from zeros) in one process invocation per (EXT, LAT).
+
+        An initial scratchpad other than all zeros needs a chip with ``gather=1`` (its harness has the
+        scratchpad backdoor); on another chip it raises `BadInput`.
 
         A job that does not halt raises `DidNotHalt` naming it by index, or, with `return_errors`, leaves
         the `DidNotHalt` exception in its place in the returned list.
@@ -308,18 +314,24 @@ class VerilatorBackend(Backend):
         groups: dict[tuple[int, int], list[int]] = {}
         prepared = []
         for n, job in enumerate(jobs):
-            if len(job) not in (2, 3):
-                raise BadInput(f"job {n}: expected (program, image[, lat]), got {len(job)} items")
+            if len(job) not in (2, 3, 4):
+                raise BadInput(f"job {n}: expected (program, image[, lat[, scratchpad]]), got {len(job)} items")
             program, image = job[0], job[1]
-            job_lat = job[2] if len(job) == 3 else lat
+            job_lat = job[2] if len(job) >= 3 else lat
             where = f"job {n}: " if len(jobs) > 1 else ""
             try:
                 check_lat(job_lat)
                 words = program_words(program)
                 img = array("I", image_words(image))
+                spad = scratchpad_words(job[3] if len(job) == 4 else None, self.config.spad_depth)
+                if spad is not None and not any(spad):
+                    spad = None             # what a fresh model holds anyway
+                if spad is not None and not self.config.gather:
+                    raise BadInput("an initial scratchpad needs a chip with gather=1 on Verilator "
+                                   "(its harness has the scratchpad backdoor)")
             except BadInput as e:
                 raise BadInput(where + str(e)) from None
-            prepared.append((words, img))
+            prepared.append((words, img, spad))
             groups.setdefault((len(img), job_lat), []).append(n)
 
         results: list[RunResult | None] = [None] * len(jobs)
@@ -338,11 +350,14 @@ class VerilatorBackend(Backend):
 
     def _invoke(self, exe: Path, ext: int, batch) -> list[RunResult | None]:
         buf = array("I", [MAGIC_JOBS, ext, self.max_cycles, len(batch)])
-        for words, img in batch:
+        for words, img, spad in batch:
             buf.append(len(words))
             for w in words:
                 buf.extend((w >> s) & 0xFFFFFFFF for s in (96, 64, 32, 0))
             buf.extend(img)
+            buf.append(0 if spad is None else len(spad))
+            if spad is not None:
+                buf.extend(spad)
         with tempfile.TemporaryDirectory(prefix="ga2-verilator-") as tmp:
             jobs_path, out_path = Path(tmp) / "jobs.bin", Path(tmp) / "results.bin"
             with open(jobs_path, "wb") as f:
@@ -363,6 +378,7 @@ class VerilatorBackend(Backend):
         for k in range(len(batch)):
             r = out[2 + k * per: 2 + (k + 1) * per]
             self.last_run_seconds += (r[7] | (r[8] << 32)) * 1e-9
+            error = ErrorStop(ErrorStop.KINDS[r[10]], r[11], r[12]) if r[9] else None
             results.append(RunResult(ext=list(r[RESULT_HEAD:RESULT_HEAD + ext]), counters=list(r[2:7]),
-                                     scratchpad=list(r[RESULT_HEAD + ext:])) if r[0] else None)
+                                     scratchpad=list(r[RESULT_HEAD + ext:]), error=error) if r[0] else None)
         return results

@@ -2,13 +2,16 @@
 //
 // Usage: ga2sim JOBS.bin RESULTS.bin. Both files are native-endian uint32 words (see sim/verilator_backend.py):
 //   jobs:    magic, EXT, max_cycles, njobs, then per job: NI, NI x 4 instruction words (most significant
-//            word first), EXT words of external memory.
+//            word first), EXT words of external memory, NS (0, or GA2_SPAD for an initial scratchpad),
+//            NS scratchpad words.
 //   results: magic, njobs, then per job: halted, edges clocked after start, the five counters,
-//            run time in ns (two words, low first), EXT words of final external memory, then the
-//            GA2_SPAD words of the final scratchpad.
-// Per job (hardware spec 6.2): one reset edge, one idle edge, the ROM and the non-zero external words
-// through the backdoor ports (a fresh model starts with every memory at zero, as the book's testbench
-// zeroes the scratchpad), a one-edge start pulse, then edges until `halted` or max_cycles.
+//            run time in ns (two words, low first), error, error_kind, error_pc, error_info (zeros on a
+//            chip without gather), EXT words of final external memory, then the GA2_SPAD words of the
+//            final scratchpad.
+// Per job (hardware spec 6.2): one reset edge, one idle edge, the ROM, the non-zero external words and
+// (GA2_GATHER models only: resident mode, docs/resident.md) the non-zero initial scratchpad words through
+// the backdoor ports (a fresh model starts with every memory at zero, as the book's testbench zeroes the
+// scratchpad), a one-edge start pulse, then edges until `halted` or max_cycles.
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -66,7 +69,7 @@ int main(int argc, char** argv) {
     }
 
     std::vector<uint32_t> out;
-    out.reserve(2 + (size_t)njobs * (9 + ext + GA2_SPAD));
+    out.reserve(2 + (size_t)njobs * (13 + ext + GA2_SPAD));
     out.push_back(MAGIC_RESULTS);
     out.push_back(njobs);
 
@@ -80,6 +83,15 @@ int main(int argc, char** argv) {
         pos += 4ull * ni;
         const uint32_t* image = &words[pos];
         pos += ext;
+        if (pos >= words.size()) return fail("job file truncated", argv[1]);
+        const uint32_t ns_words = words[pos++];
+        if ((ns_words != 0 && ns_words != GA2_SPAD) || pos + ns_words > words.size())
+            return fail("bad scratchpad record", argv[1]);
+        const uint32_t* spad = &words[pos];
+        pos += ns_words;
+#ifndef GA2_GATHER
+        if (ns_words) return fail("an initial scratchpad needs a model built with gather=1", argv[1]);
+#endif
 
         auto m = std::make_unique<Vga2>(ctx.get(), "ga2");
         m->clk = 0;
@@ -108,6 +120,17 @@ int main(int argc, char** argv) {
         }
         m->ext_we = 0;
         m->ext_addr = 0;
+#ifdef GA2_GATHER
+        m->spad_we = 1;
+        for (uint32_t i = 0; i < ns_words; ++i) {
+            if (spad[i] == 0) continue;
+            m->spad_addr = i;
+            m->spad_wdata = spad[i];
+            edge(m.get());
+        }
+        m->spad_we = 0;
+        m->spad_addr = 0;
+#endif
 
         auto t0 = std::chrono::steady_clock::now();
         m->start = 1;
@@ -130,6 +153,14 @@ int main(int argc, char** argv) {
         out.push_back(m->n_inst);
         out.push_back((uint32_t)ns);
         out.push_back((uint32_t)(ns >> 32));
+#ifdef GA2_GATHER
+        out.push_back(m->error);
+        out.push_back(m->error_kind);
+        out.push_back(m->error_pc);
+        out.push_back(m->error_info);
+#else
+        for (int k = 0; k < 4; ++k) out.push_back(0);
+#endif
         for (uint32_t i = 0; i < ext; ++i) {
             m->ext_addr = i;
             m->eval();   // ext_rdata is a combinational read: no edge needed
