@@ -304,6 +304,23 @@ MUTANTS: tuple[Mutant, ...] = (
     _m("sim", "sim/decode.py", "    if a.check:", "    if False:",
        "decode: --check runs no reference beside the simulator",
        "tests/test_decode.py::test_check_option_puts_the_reference_beside_the_simulator"),
+    # ---- resident mode (issue 13): the reference's GATHER/SCATTER, the resident lowering and host ---------
+    _m("sim", "sim/reference.py", "        if page >= pool_pages:", "        if page > pool_pages:",
+       "reference machine: a block-table entry equal to pool_pages passes the isolation check",
+       "tests/test_resident_isa.py::test_error_stop"),
+    _m("sim", "hdl/isa.py", "    return 2 * runs + words + tail", "    return runs + words + tail",
+       "cycle model: a GATHER/SCATTER run costs one lookup cycle instead of two",
+       "tests/test_resident_isa.py::test_busy_cycles"),
+    _m("compiler", "compiler/resident.py", 'put(isa.gather(o["dst"], base=layout.k_base,',
+       'put(isa.gather(o["dst"], base=layout.v_base,',
+       "resident lowering: the cached keys are gathered from the V pool",
+       "tests/test_resident.py::test_paged_equals_plain_in_both_modes"),
+    _m("compiler", "compiler/resident.py", "        if got[name][0] != scale:", "        if False:",
+       "resident lowering: a step program whose weight scale differs from the loaded one is accepted",
+       "tests/test_resident.py::test_step_programs_must_use_the_loaded_weights"),
+    _m("host", "host/resident.py", "        if off and before[-1] != after[-1]:", "        if False:",
+       "resident host: copy-on-write of a shared partly filled page copies nothing on the chip",
+       "tests/test_resident.py::test_copy_on_write_is_a_chip_side_page_copy"),
 )
 
 
