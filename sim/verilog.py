@@ -55,6 +55,8 @@ BLOCKS = {
     "unit_vadd":   lazy("hdl.units.vadd", "VaddUnit"),
     "unit_amax":   lazy("hdl.units.amax", "ArgmaxUnit"),
     "unit_unpack": lazy("hdl.units.unpack", "UnpackUnit"),
+    "unit_gather": lazy("hdl.units.gather", "GatherUnit"),
+    "unit_scatter": lazy("hdl.units.scatter", "ScatterUnit"),
     "extmem":      lazy("hdl.extmem", "ExtMemory", 2048),
     "ga2":         lazy("hdl.chip", "GA2"),
     "harness":     lazy("hdl.harness", "ChipHarness"),
