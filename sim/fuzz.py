@@ -24,8 +24,8 @@ _HALT = halt().word
 
 
 def run_batch(backend, pairs, lat: int) -> list:
-    """Run ``(program, image[, lat])`` jobs (`lat` is the default); each entry is a `RunResult` or the
-    `SimError` that run raised.
+    """Run ``(program, image[, lat[, scratchpad]])`` jobs (`lat` is the default; a scratchpad of None
+    starts from zeros); each entry is a `RunResult` or the `SimError` that run raised.
 
     Uses the Verilator backend's single-invocation batch when there is one.
     """
@@ -33,8 +33,9 @@ def run_batch(backend, pairs, lat: int) -> list:
         return backend.run_many(pairs, lat=lat, return_errors=True)
     out = []
     for job in pairs:
+        extra = {"scratchpad": job[3]} if len(job) == 4 and job[3] is not None else {}
         try:
-            out.append(backend.run(job[0], job[1], job[2] if len(job) == 3 else lat))
+            out.append(backend.run(job[0], job[1], job[2] if len(job) >= 3 else lat, **extra))
         except SimError as e:
             out.append(e)
     return out
@@ -51,12 +52,13 @@ def _compare(expected, got) -> str | None:
     return first_difference(expected, got)
 
 
-def locate(program, image, lat, backend, reference) -> int | None:
+def locate(program, image, lat, backend, reference, scratchpad=None) -> int | None:
     """The pc of the first instruction after which the backend and the reference disagree.
 
-    Runs every prefix ``program[:k] + [HALT]``; the first k that differs names instruction k-1.
+    Runs every prefix ``program[:k] + [HALT]`` (from the initial `scratchpad`, if any); the first k that
+    differs names instruction k-1.
     """
-    prefixes = [(list(program[:k]) + [_HALT], image) for k in range(1, len(program))]
+    prefixes = [(list(program[:k]) + [_HALT], image, lat, scratchpad) for k in range(1, len(program))]
     ref = run_batch(reference, prefixes, lat)
     got = run_batch(backend, prefixes, lat)
     for k, (a, b) in enumerate(zip(ref, got), start=1):
@@ -79,20 +81,21 @@ class CheckedBackend(Backend):
         self.name = f"{backend.name} (checked against the reference)"
         self.runs = 0
 
-    def run(self, program, image, lat: int = 8) -> RunResult:
+    def run(self, program, image, lat: int = 8, scratchpad=None) -> RunResult:
         self.runs += 1
         n = self.runs
+        extra = {} if scratchpad is None else {"scratchpad": scratchpad}
         try:
-            got = self.backend.run(program, image, lat)
+            got = self.backend.run(program, image, lat, **extra)
         except SimError as e:
             got = e
         try:
-            want = self.reference.run(program, image, lat)
+            want = self.reference.run(program, image, lat, **extra)
         except SimError as e:
             want = e
         diff = _compare(want, got)
         if diff is not None:
-            pc = locate(list(program), list(image), lat, self.backend, self.reference)
+            pc = locate(list(program), list(image), lat, self.backend, self.reference, scratchpad)
             where = "" if pc is None else f", first at pc {pc} ({describe(program[pc])})"
             raise SimError(f"run {n} on {self.backend.name} differs from the reference: {diff}{where}")
         if isinstance(got, SimError):
@@ -112,15 +115,18 @@ def mix_configs(ext: int | None = None, lat: int | None = None, configs=None) ->
     return pairs
 
 
-def reproduce_command(sim: str, seed: int, index: int, ext: int, lat: int, budget: int = MAX_CYCLES) -> str:
+def reproduce_command(sim: str, seed: int, index: int, ext: int, lat: int, budget: int = MAX_CYCLES,
+                      chip=None) -> str:
     """The command that runs program `index` of a run of `seed` alone: the same program on the same chip."""
     cmd = f"python -m sim.fuzz --sim {sim} --seed {seed} --first {index} --count 1 --ext {ext} --lat {lat}"
+    if chip is not None and chip.spec() != "book":
+        cmd += f" --chip {chip.spec()}"
     return cmd + (f" --budget {budget}" if budget != MAX_CYCLES else "")
 
 
 def fuzz(backend, reference, count: int, seed: int, ext: int | None = None, lat: int | None = None,
          out=None, *, first: int = 0, budget: int = MAX_CYCLES, configs=None, chunk: int = 100,
-         progress=None) -> dict:
+         progress=None, config=None) -> dict:
     """Compare programs first .. first+count-1 of the mix of `seed` on `reference` and `backend`.
 
     Program i is ``sim.progen.fuzz_case(seed, i, pairs, budget)`` with the pairs of `mix_configs(ext, lat,
@@ -128,6 +134,9 @@ def fuzz(backend, reference, count: int, seed: int, ext: int | None = None, lat:
     junk in bits that ``hdl.isa.validate`` refuses and the hardware ignores. Prints one line per failure
     (the program, its EXT and LAT, the first differing instruction and word or counter, and the command
     that reproduces it) on `out`, and a progress line per `chunk` programs on `progress` when given.
+    `config` is the chip (default: the backend's ``config``): on a chip with ``gather=1`` the mix includes
+    resident-mode programs (GATHER/SCATTER, each with its initial scratchpad; `sim.progen.fuzz_case`),
+    compared error state included.
 
     Returns a dict: count, failures, failed (the failing indices), cycles (on `backend`), reference_s,
     backend_s, configs ({(EXT, LAT): programs}).
@@ -136,13 +145,14 @@ def fuzz(backend, reference, count: int, seed: int, ext: int | None = None, lat:
     out = sys.stdout if out is None else out    # the stdout of the call, not the one at import
     pairs = mix_configs(ext, lat, configs)
     sim = getattr(backend, "name", "?")
+    config = getattr(backend, "config", None) if config is None else config
     summary = {"count": count, "failures": 0, "failed": [], "cycles": 0, "reference_s": 0.0,
                "backend_s": 0.0, "configs": {}}
     t_start = time.perf_counter()
     for lo in range(first, first + count, chunk):
         # in chunks: 20,000 programs with 65536-word images do not fit in memory at once
-        cases = [fuzz_case(seed, i, pairs, budget) for i in range(lo, min(lo + chunk, first + count))]
-        jobs = [(c.program, c.image, c.lat) for c in cases]
+        cases = [fuzz_case(seed, i, pairs, budget, config) for i in range(lo, min(lo + chunk, first + count))]
+        jobs = [(c.program, c.image, c.lat, c.scratchpad) for c in cases]
         t0 = time.perf_counter()
         expected = run_batch(reference, jobs, 8)
         t1 = time.perf_counter()
@@ -159,11 +169,11 @@ def fuzz(backend, reference, count: int, seed: int, ext: int | None = None, lat:
                 continue
             summary["failures"] += 1
             summary["failed"].append(c.index)
-            pc = locate(c.program, c.image, c.lat, backend, reference)
+            pc = locate(c.program, c.image, c.lat, backend, reference, c.scratchpad)
             where = (f"pc {pc} ({describe(c.program[pc])})" if pc is not None
                      else "pc unknown (only the full program differs)")
             print(f"FAIL program {c.index} (seed {seed}, EXT {c.ext}, LAT {c.lat}): first differing instruction "
-                  f"{where}; {diff}; reproduce: {reproduce_command(sim, seed, c.index, c.ext, c.lat, budget)}",
+                  f"{where}; {diff}; reproduce: {reproduce_command(sim, seed, c.index, c.ext, c.lat, budget, config)}",
                   file=out, flush=True)
         if progress is not None:
             done = min(lo + chunk, first + count) - first
@@ -183,7 +193,10 @@ lengths (4095 LD/ST/RQ/SM/AMAX, 4096 VADD, 511 and 512 UNPACK; LD/ST as EXT allo
 those maxima; the same unit back to back; an instruction reading what the previous one wrote. Every
 program stays within --budget cycles. The reference runs unchecked (the junk is in bits that
 hdl.isa.validate refuses). Program i depends only on (seed, i, EXT, LAT, budget): a failure line ends
-with the command that reruns it alone.
+with the command that reruns it alone. On a chip with gather=1 (--chip fast) half the programs are
+resident-mode ones (sim.progen.resident_program): GATHER and SCATTER over random pools, page and row sizes,
+ranges and block tables in an initial scratchpad, one in three with tables pointing outside the pool or
+too short, whose error stop (kind, pc, info) is compared too.
 """
 
 
