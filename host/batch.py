@@ -117,6 +117,7 @@ def _absmax(mat) -> float:
 
 
 _UNIVERSAL: dict = {}
+_PROGRAMS: dict = {}     # (model key, chip, contexts) -> program: a pure function of them, shared by runners
 
 
 def _model_key(m):
@@ -199,13 +200,17 @@ class BatchRunner:
     def __init__(self, m, backend, lat: int = 8, config: ChipConfig = BOOK):
         self.m, self.backend, self.lat, self.config = m, backend, lat, config
         self.ranges = universal_ranges(m)
+        self._key = (_model_key(m), config.key())
         self.progs: dict = {}
 
     def program(self, ctxs):
         """The program of the canonical (descending) context tuple `ctxs`."""
         ctxs = tuple(ctxs)
         if ctxs not in self.progs:
-            self.progs[ctxs] = batch_program(self.m, ctxs, self.ranges, self.config)
+            key = self._key + (ctxs,)
+            if key not in _PROGRAMS:
+                _PROGRAMS[key] = batch_program(self.m, ctxs, self.ranges, self.config)
+            self.progs[ctxs] = _PROGRAMS[key]
         return self.progs[ctxs]
 
     def run(self, rows):

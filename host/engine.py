@@ -31,6 +31,7 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass, field
 
+from compiler import CompileError
 from hdl.config import BOOK, ChipConfig
 from host.batch import BatchRunner
 from host.pagetable import PageTable
@@ -279,9 +280,14 @@ class Engine:
             s.pos = 0
         else:
             pages, n = self._match(s.tokens) if self.prefix_cache else ([], 0)
-            # its first row takes a page: a new one, or the copy of an adopted partial page
-            if self.available() - sum(1 for p in pages if self.pt.refcount(p) == 0) < 1 + self.watermark:
-                return False
+            # its first row takes a page: a new one, or the copy of an adopted partial page; into an empty
+            # engine a request that fits alone (see _refusal) is admitted without the watermark and, if the
+            # cached pages it would adopt leave too little, without them
+            spare = self.watermark if self.running else 0
+            if self.available() - sum(1 for p in pages if self.pt.refcount(p) == 0) < 1 + spare:
+                if self.running:
+                    return False
+                pages, n = [], 0
             if pages:
                 self.pt.adopt(s.req.id, pages, n)
                 for p in pages:
@@ -327,7 +333,12 @@ class Engine:
             if self._refusal(s) is None:
                 rows = len(s.req.prompt) + s.req.gen - 1
                 ctx_max = max(ctx_max, max(sink_context(L, self.W, self.S) for L in range(1, rows + 1)))
-        self.runner.program((ctx_max,) * min(self.max_batch, len(reqs) or 1))
+        B = min(self.max_batch, len(reqs) or 1)
+        try:
+            self.runner.program((ctx_max,) * B)
+        except CompileError as exc:
+            raise EngineError(f"a batch of {B} rows at context {ctx_max} does not fit the chip ({exc}): lower "
+                              f"the batch size or the window") from None
         total = len(pending)
         while pending or self.waiting or self.running:
             while pending and pending[0].req.arrival <= self.step_no:

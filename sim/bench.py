@@ -242,6 +242,9 @@ def build_parser() -> Parser:
                         "(cycles at the largest context with the breakdown, host words, the ratio to the MAC "
                         "bound, on the reference machine), then the resident decode's programs on the "
                         "simulators; without --chip the resident chip is the preset fast")
+    p.add_argument("--serve", action="store_true",
+                   help="instead: the serving targets of sim.serve as ratios (batch 1/2/4/8 throughput, paging "
+                        "vs contiguous concurrency, prefix-cache row cut), on the reference machine")
     return p
 
 
@@ -252,6 +255,10 @@ def main(argv=None) -> int:
     bad = [s for s in sims if s not in BACKENDS]
     if bad or not sims:
         raise UsageError(f"--sims must list some of {', '.join(BACKENDS)}, got {a.sims!r}")
+    if a.serve:
+        from sim.serve import serve_targets
+        serve_targets(a.chip)
+        return 0
     wtext = "none" if a.window is None else str(a.window)
     argv_list = sys.argv[1:] if argv is None else list(argv)
     if a.mode == "resident":

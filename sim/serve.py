@@ -27,7 +27,7 @@ __all__ = ["make_trace", "serve", "build_parser", "main", "token_list", "check_p
 
 DEFAULT_SIM = "reference"
 N_PREFIXES = 2           # shared prefixes of a trace
-PREFIX_LEN = 12          # tokens of each
+PREFIX_LEN = 24          # tokens of each (a long shared system prompt)
 
 
 def token_list(text: str) -> list:
@@ -155,6 +155,7 @@ def serve(a, backend=None, max_batch=None, progress=None) -> dict:
     reqs = make_trace(a.requests, a.seed, a.prompt_len, a.gen_len, a.prefix_share, a.arrival)
     e = Engine(m, backend, max_batch=max_batch or a.max_batch, window=a.window, sinks=a.sinks, page=a.page,
                n_pages=a.pages, prefix_cache=not a.no_prefix_cache, alloc=a.alloc,
+               contig_rows=a.prompt_len[1] + a.gen_len[1] - 1,
                lat=cfg.lat if a.lat is None else a.lat, config=cfg)
     res = e.run(reqs, progress=progress)
     res["model"] = m
@@ -191,8 +192,8 @@ def build_parser() -> Parser:
     p.add_argument("--page", type=int_range(1, None), default=4, metavar="P", help="cache rows per page")
     p.add_argument("--pages", type=int_range(1, None), default=64, metavar="N", help="pages in the pool")
     p.add_argument("--alloc", choices=("paged", "contiguous"), default="paged",
-                   help="paged: pages as rows come; contiguous: the baseline reserving the longest request's "
-                        "pages per request (no prefix cache)")
+                   help="paged: pages as rows come; contiguous: the baseline reserving, per request, the pages of "
+                        "the longest request --prompt-len and --gen-len allow (no prefix cache)")
     p.add_argument("--no-prefix-cache", action="store_true", help="compute every prompt row")
     p.add_argument("--mode", choices=("book", "resident"), default="book",
                    help="book: the host gathers each row's cache rows into the image (resident: not built "
@@ -320,6 +321,49 @@ def main(argv=None, out=None) -> int:
 
 def cfg_lat(a) -> int:
     return a.chip.lat if a.lat is None else a.lat
+
+
+# ---- sim.bench --serve: the issue's targets as ratios -----------------------------------------------
+
+TARGET_TRACE = ["--requests", "24", "--seed", "3", "--window", "8"]
+
+
+def serve_targets(config=None, out=None) -> dict:
+    """Measure the serving targets on the reference machine (cycle counts are exact, so the figures are
+    deterministic) and print them as ratios; returns them. Book mode only (resident serving is not built)."""
+    out = out or sys.stdout
+    extra = [] if config is None else ["--chip", config.spec()]
+
+    def run(args):
+        a = build_parser().parse_args(TARGET_TRACE + extra + args)
+        res = serve(a)
+        res.pop("model")
+        return summary(res)
+    rates = {b: run(["--max-batch", str(b)])["tokens_per_mcycle"] for b in (1, 2, 4, 8)}
+    print(f"throughput, book mode, trace {' '.join(TARGET_TRACE + extra)}: tokens per million cycles "
+          + ", ".join(f"batch {b}: {r}" for b, r in rates.items()), file=out)
+    ratio = rates[4] / rates[1]
+    print(f"  batch 4 / batch 1 = {ratio:.3f} (target >= 2.2: {'met' if ratio >= 2.2 else 'NOT met'}); "
+          f"batch 2: {rates[2] / rates[1]:.3f}, batch 8: {rates[8] / rates[1]:.3f}", file=out)
+    mem = ["--pages", "16", "--max-batch", "8"]
+    paged, contig = run(mem), run(mem + ["--alloc", "contiguous"])
+    mratio = paged["peak_running"] / contig["peak_running"]
+    print(f"memory, pool of 16 pages of 4 rows, max batch 8: requests running at once with paging "
+          f"{paged['peak_running']}, contiguous {contig['peak_running']} (reserving "
+          f"{16 + 16 - 1} rows each): {mratio:.2f}x (target >= 4: {'met' if mratio >= 4 else 'NOT met'})",
+          file=out)
+    pre = ["--prefix-share", "0.5", "--prompt-len", "8:24"]
+    on, off = run(pre), run(pre + ["--no-prefix-cache"])
+    cut = 1 - on["prompt_rows_computed"] / off["prompt_rows_computed"]
+    print(f"prefix cache, --prefix-share 0.5 --prompt-len 8:24: prompt rows computed {on['prompt_rows_computed']} "
+          f"with, {off['prompt_rows_computed']} without ({on['prefix_hit_rows']} hit rows): {100 * cut:.1f}% fewer "
+          f"(target >= 40%: {'met' if cut >= 0.4 else 'NOT met'})", file=out)
+    print("resident mode (--chip fast, batch 4, <= 1,200 cycles per token): not measured, the engine serves in "
+          "book mode only", file=out)
+    return {"tokens_per_mcycle": rates, "batch4_over_batch1": ratio, "paged_running": paged["peak_running"],
+            "contiguous_running": contig["peak_running"], "memory_ratio": mratio,
+            "prompt_rows_with_cache": on["prompt_rows_computed"], "prompt_rows_without": off["prompt_rows_computed"],
+            "prefix_row_cut": cut}
 
 
 # ---- sim.decode --prompt: one request alone ----------------------------------------------------------
