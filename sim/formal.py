@@ -43,7 +43,9 @@ __all__ = ["FormalError", "Target", "Result", "targets", "properties", "ChipEnv"
 # Default depths: a unit's shortest job ends within 20 cycles (MM's is 13) except SM's (3 len + 47 = 50:
 # 54 lets its bounded check see a whole job), and 14 chip cycles hold two short instructions; the chip's
 # bounded check grows steeply past that (20 cycles: many minutes).
-DEFAULT_DEPTH = {"chip": 14, "sm": 54}
+# GATHER and SCATTER: 12 cycles hold a job of two runs (E0, L1, L2, a word, L1, L2, words, tail); their
+# isolation check at 20 takes ~3 minutes each on a loaded machine.
+DEFAULT_DEPTH = {"chip": 14, "sm": 54, "gather": 12, "scatter": 12}
 UNIT_DEPTH = 20
 CHIP_LAT = 2
 
@@ -142,6 +144,18 @@ def targets() -> list[Target]:
     every = frozenset(UNIT_PROPERTIES)
     out = [Target(cls.OP.name.lower(), cls, UNIT_PROPERTIES, every) for cls in units]
     out.append(Target("ld", DMA, UNIT_PROPERTIES, every))     # the book's DMA: widths from its configuration
+    # The resident mode's units (docs/resident.md) on a gather=1 chip, with the isolation property: every
+    # request or write inside the pool page of an entry read from the table, below pool_pages.
+    # The chip they are built for: the book's with gather=1, its error tail timed for LAT = CHIP_LAT.
+    from dataclasses import replace
+
+    from hdl.config import BOOK
+    from hdl.units.gather import ISOLATION_PROPERTIES, GatherUnit
+    from hdl.units.scatter import ScatterUnit
+    resident = replace(BOOK, gather=1, lat=CHIP_LAT)
+    for cls in (GatherUnit, ScatterUnit):
+        out.append(Target(cls.OP.name.lower(), lambda cls=cls: cls(config=resident),
+                          {**UNIT_PROPERTIES, **ISOLATION_PROPERTIES}, every))
     # On the chip, induction succeeds only for the state facts: ownership and the LD range need the units'
     # internal invariants (not inductive alone), and yices does not close the counters' 32-bit adder
     # identity by induction within minutes; those three are bounded model checks from reset.

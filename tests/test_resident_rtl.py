@@ -202,3 +202,57 @@ def test_book_chip_has_no_resident_ports():
     assert not resident & set(HARNESS_SIGNATURE.members)
     assert resident <= set(harness_signature(CFG).members)
     assert resident - {"spad_we", "spad_wdata"} <= set(GA2(config=CFG).signature.members)
+
+
+# ---- isolation as a formal property (sim.formal targets gather and scatter) ----
+
+def _unit_variant(module, old, new):
+    """A unit module's source with `old` replaced by `new` (exactly once), loaded as a module of its own."""
+    import importlib.util
+    from pathlib import Path
+    path = Path(module.__file__)
+    text = path.read_text()
+    assert text.count(old) == 1, old
+    spec = importlib.util.spec_from_loader(f"{module.__name__}_broken", loader=None)
+    mod = importlib.util.module_from_spec(spec)
+    mod.__package__ = module.__package__
+    exec(compile(text.replace(old, new), str(path), "exec"), mod.__dict__)
+    return mod
+
+
+def _formal(target, build=None, depth=8):
+    from sim import formal
+    t = {x.name: x for x in formal.targets()}[target]
+    return formal.prove(t, ["isolation"], depth, formal.find_tools(), build=build, mode="bmc")[0]
+
+
+def test_isolation_holds_for_gather():
+    assert _formal("gather") == "bounded"
+
+
+def test_isolation_fails_on_gather_that_lets_the_pool_end_through():
+    """entry == pool_pages taken for a page of the pool: its requests land outside the pool."""
+    import hdl.units.gather as g
+    mod = _unit_variant(g, "self.bad_page = entry >= opr.pool_pages", "self.bad_page = entry > opr.pool_pages")
+    cfg = replace(BOOK, gather=1, lat=2)
+    assert _formal("gather", build=lambda: mod.GatherUnit(config=cfg)) == "FAIL"
+
+
+def test_isolation_fails_on_scatter_that_runs_past_its_page():
+    """A run that does not end at the page's last row: SCATTER writes into the next page unlooked-up."""
+    import hdl.units.gather as g
+    mod = _unit_variant(g, "self.page_end = (self.row & page_mask) == page_mask",
+                        "self.page_end = (self.row & page_mask) == page_mask + 1")
+    import hdl.units.scatter as s
+    cfg = replace(BOOK, gather=1, lat=2)
+
+    class Broken(s.ScatterUnit):
+        def elaborate(self, platform):
+            # the scatter unit with the broken walk
+            saved = s.TableWalk
+            s.TableWalk = mod.TableWalk
+            try:
+                return super().elaborate(platform)
+            finally:
+                s.TableWalk = saved
+    assert _formal("scatter", build=lambda: Broken(config=cfg)) == "FAIL"
