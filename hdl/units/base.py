@@ -2,9 +2,16 @@
 
 A unit acts on `start` (the sequencer's ISSUE cycle) only while not busy: at that edge E0 it latches its
 operands from `ins` and raises `busy`; at its last working edge it drops `busy` and raises the registered
-one-cycle `done`, which the sequencer sees in the last WAIT cycle W_B. Every unit talks to the
+one-cycle `done`, which the sequencer sees in the last WAIT cycle W_B.
+
+One control idiom for every unit: an ``m.FSM`` (`Unit.control`) whose states are the phases of the unit's
+timing contract, first ``IDLE``; ``busy`` is "not in IDLE". Chosen over explicit counters and flags because
+the phases then carry the names the contracts and spec 4 use (in a VCD and in the emitted Verilog too),
+and ``busy`` cannot disagree with the phase, which lets the formal tools prove the contract by induction. Every unit talks to the
 scratchpad through one member, ``spad`` (`hdl.scratchpad.SpadPort`); the chip routes the owner's by ``cur``.
 """
+from contextlib import contextmanager
+
 from amaranth.hdl import Cat, Signal
 from amaranth.lib import data, wiring
 from amaranth.lib.wiring import In, Out
@@ -89,13 +96,38 @@ class Unit(wiring.Component):
         """A new register for this unit's operands, laid out as ``operand_layout(self.OP)``."""
         return Signal(operand_layout(self.OP), name="opr")
 
+    @contextmanager
+    def control(self, m):
+        """The unit's FSM (named ``<op>_state``): yields it; the caller's first state must be ``IDLE``.
+
+        ``busy`` is driven as "the FSM is not in IDLE", and ``done`` is low after every edge that does
+        not `finish`. In IDLE a unit waits for ``start`` and then calls `begin` and leaves IDLE.
+        """
+        self._busy_from_fsm = True
+        self.done_pulse(m)
+        with m.FSM(name=f"{self.OP.name.lower()}_state") as fsm:
+            yield fsm
+        m.d.comb += self.busy.eq(~fsm.ongoing("IDLE"))
+
     def begin(self, m, opr):
-        """At E0 (to be used under the unit's start condition): latch the operands into `opr`, go busy."""
-        m.d.sync += [opr.eq(operand_bits(self.ins, self.OP)), self.busy.eq(1)]
+        """At E0 (under ``start`` in IDLE): latch the operands into `opr`.
+
+        A unit whose control is not `control` (its own FSM) also raises the ``busy`` register here.
+        """
+        m.d.sync += opr.eq(operand_bits(self.ins, self.OP))
+        if not getattr(self, "_busy_from_fsm", False):
+            m.d.sync += self.busy.eq(1)
 
     def finish(self, m):
-        """The last working edge: drop busy and pulse done (cleared by `done_pulse` one edge later)."""
-        m.d.sync += [self.busy.eq(0), self.done.eq(1)]
+        """The last working edge: pulse done (cleared by `done_pulse` one edge later) and go to IDLE.
+
+        A unit whose control is not `control` drops its ``busy`` register here instead.
+        """
+        m.d.sync += self.done.eq(1)
+        if getattr(self, "_busy_from_fsm", False):
+            m.next = "IDLE"
+        else:
+            m.d.sync += self.busy.eq(0)
 
     def stream(self, m, i, j, v, n, last, each=None):
         """The read skeleton: element i's address goes out now, its word is in ``spad.rdata`` next cycle.
@@ -117,21 +149,24 @@ class Unit(wiring.Component):
     def one_pass(self, m, opr, n):
         """The whole control of a unit that streams `n` words once (ST, RQ); returns (i, j, v).
 
-        At E0 the operands are latched into `opr` and i = j = v = 0; then `stream` runs until element
-        n-1 is in ``spad.rdata``, whose cycle finishes the unit: ``done`` is high in W(n+2).
+        States IDLE and STREAM. At E0 the operands are latched into `opr` and i = j = v = 0; then
+        `stream` runs until element n-1 is in ``spad.rdata``, whose cycle finishes the unit: ``done`` is
+        high in W(n+2).
         """
         i = self.addr_signal("i")
         j = self.addr_signal("j")
         v = Signal(name="v")
-        self.done_pulse(m)
-        with m.If(self.start & ~self.busy):
-            self.begin(m, opr)
-            m.d.sync += [i.eq(0), j.eq(0), v.eq(0)]
-        with m.Elif(self.busy):
-            def last():
-                self.finish(m)
-                m.d.sync += v.eq(0)
-            self.stream(m, i, j, v, n, last)
+        with self.control(m):
+            with m.State("IDLE"):
+                with m.If(self.start):
+                    self.begin(m, opr)
+                    m.d.sync += [i.eq(0), j.eq(0), v.eq(0)]
+                    m.next = "STREAM"
+            with m.State("STREAM"):
+                def last():
+                    self.finish(m)
+                    m.d.sync += v.eq(0)
+                self.stream(m, i, j, v, n, last)
         return i, j, v
 
     def done_pulse(self, m):

@@ -111,17 +111,23 @@ class DMA(wiring.Component):
             self.spad.wdata.eq(self.resp_data),
         ]
 
+        # The units' control idiom (hdl.units.base.Unit.control): an FSM, busy = not IDLE.
         m.d.sync += self.done.eq(0)
-        with m.If(self.busy):
-            with m.If(pending):
-                m.d.sync += issued.eq(issued + 1)
-            with m.If(self.resp_valid):
-                m.d.sync += recvd.eq(recvd + 1)
-                # len_r - 1 is signed: with len 0 it is -1 and never matches, as in the RTL.
-                with m.If(recvd == len_r - 1):
-                    m.d.sync += [self.busy.eq(0), self.done.eq(1)]
-        with m.Elif(self.start):
-            m.d.sync += [src_r.eq(self.src), dst_r.eq(self.dst), len_r.eq(self.length),
-                         issued.eq(0), recvd.eq(0), self.busy.eq(1)]
+        with m.FSM(name="ld_state") as fsm:
+            with m.State("IDLE"):
+                with m.If(self.start):
+                    m.d.sync += [src_r.eq(self.src), dst_r.eq(self.dst), len_r.eq(self.length),
+                                 issued.eq(0), recvd.eq(0)]
+                    m.next = "XFER"
+            with m.State("XFER"):
+                with m.If(pending):
+                    m.d.sync += issued.eq(issued + 1)
+                with m.If(self.resp_valid):
+                    m.d.sync += recvd.eq(recvd + 1)
+                    # len_r - 1 is signed: with len 0 it is -1 and never matches, as in the RTL.
+                    with m.If(recvd == len_r - 1):
+                        m.d.sync += self.done.eq(1)
+                        m.next = "IDLE"
+        m.d.comb += self.busy.eq(~fsm.ongoing("IDLE"))
         unit_protocol(m, "ld", self.start, self.busy, self.done, Cat(src_r, dst_r, len_r))
         return m

@@ -101,7 +101,6 @@ class MatrixUnit(SpadUnit):
             last_k, last_n = ki == K - 1, ni == N - 1
         else:
             last_k, last_n = ki + L >= K, ni + L >= N
-        self.done_pulse(m)
 
         # The combinational logic in submodules, so that a simulator re-evaluates each only when its own
         # inputs move: staging writes (LA, LB; the data, which follows spad.rdata, apart from the address and
@@ -150,7 +149,7 @@ class MatrixUnit(SpadUnit):
             self.spad.wdata.eq(array.c[Cat(ni[:lg], mi[:lg])] if lg else array.c[0]),
         ]
 
-        with m.FSM(name="mm_state") as fsm:
+        with self.control(m) as fsm:
             with m.State("IDLE"):
                 with m.If(self.start):
                     a_base = operand(self.ins, Op.MM, "A")
@@ -219,7 +218,6 @@ class MatrixUnit(SpadUnit):
 
             with m.State("FIN"):
                 self.finish(m)
-                m.next = "IDLE"
 
         # Row m of A goes to A memory m, element (k, n) of B to B memory n, both at address k.
         if L == 1:

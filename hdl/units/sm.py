@@ -59,7 +59,6 @@ class SoftmaxUnit(SpadUnit):
             self.spad.raddr.eq(src + i),        # dst + i in P3
             self.spad.wdata.eq(scaled),         # e in P2
         ]
-        self.done_pulse(m)
         m.d.sync += d_start.eq(0)
 
         def stream(action, last):
@@ -69,7 +68,7 @@ class SoftmaxUnit(SpadUnit):
                 last()
             self.stream(m, i, j, v, length, rewind, each=action)
 
-        with m.FSM(name="sm_state"):
+        with self.control(m):
             with m.State("IDLE"):
                 with m.If(self.start):
                     self.begin(m, opr)
@@ -110,10 +109,7 @@ class SoftmaxUnit(SpadUnit):
             with m.State("P3"):
                 m.d.comb += [self.spad.raddr.eq(dst + i), self.spad.we.eq(v), self.spad.wdata.eq(scaled)]
 
-                def finish():
-                    self.finish(m)
-                    m.next = "IDLE"
-                stream(None, finish)
+                stream(None, lambda: self.finish(m))
 
         self.check_protocol(m, opr)
         return m

@@ -1,23 +1,17 @@
 """UNPACK unit: int4 nibbles to sign-extended words (hardware spec 4.8). B = 10·len + 1.
 
-Source word i takes ten cycles: its read is presented in W(10i+1) (RD), latched in W(10i+2) (LAT),
-and its nibbles 0..7 are written in W(10i+3) .. W(10i+10) (WR); `done` is high in W(10·len+1).
+States IDLE, RD, LAT, WR. Source word i takes ten cycles: its read is presented in W(10i+1) (RD),
+latched in W(10i+2) (LAT), and its nibbles 0..7 are written in W(10i+3) .. W(10i+10) (WR); `done` is
+high in W(10·len+1).
 """
 
 from amaranth.hdl import Module, Signal
-from amaranth.lib import enum
 
 from hdl.isa import Op
 
 from .base import SpadUnit
 
 __all__ = ["UnpackUnit"]
-
-
-class _Phase(enum.Enum, shape=2):
-    RD = 0
-    LAT = 1
-    WR = 2
 
 
 class UnpackUnit(SpadUnit):
@@ -36,30 +30,31 @@ class UnpackUnit(SpadUnit):
         i = self.addr_signal("i")
         j = Signal(3)
         w = Signal(32)
-        phase = Signal(_Phase)
 
         m.d.comb += [
             self.spad.raddr.eq(src + i),
-            self.spad.we.eq(self.busy & (phase == _Phase.WR)),
             self.spad.waddr.eq(dst + (i << 3) + j),
             self.spad.wdata.eq(w.word_select(j, 4).as_signed()),
         ]
-        self.done_pulse(m)
-        with m.If(self.start & ~self.busy):
-            self.begin(m, opr)
-            m.d.sync += [i.eq(0), phase.eq(_Phase.RD)]
-        with m.Elif(self.busy):
-            with m.Switch(phase):
-                with m.Case(_Phase.RD):
-                    m.d.sync += phase.eq(_Phase.LAT)
-                with m.Case(_Phase.LAT):
-                    m.d.sync += [w.eq(self.spad.rdata), j.eq(0), phase.eq(_Phase.WR)]
-                with m.Case(_Phase.WR):
-                    m.d.sync += j.eq(j + 1)
-                    with m.If(j == 7):
-                        with m.If(i == n - 1):
-                            self.finish(m)
-                        with m.Else():
-                            m.d.sync += [i.eq(i + 1), phase.eq(_Phase.RD)]
+        with self.control(m) as fsm:
+            with m.State("IDLE"):
+                with m.If(self.start):
+                    self.begin(m, opr)
+                    m.d.sync += i.eq(0)
+                    m.next = "RD"
+            with m.State("RD"):
+                m.next = "LAT"
+            with m.State("LAT"):
+                m.d.sync += [w.eq(self.spad.rdata), j.eq(0)]
+                m.next = "WR"
+            with m.State("WR"):
+                m.d.sync += j.eq(j + 1)
+                with m.If(j == 7):
+                    with m.If(i == n - 1):
+                        self.finish(m)
+                    with m.Else():
+                        m.d.sync += i.eq(i + 1)
+                        m.next = "RD"
+        m.d.comb += self.spad.we.eq(fsm.ongoing("WR"))
         self.check_protocol(m, opr)
         return m

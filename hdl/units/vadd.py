@@ -1,7 +1,7 @@
 """VADD unit: saturating int8 vector add over one scratchpad read port (hardware spec 4.4). B = 2·len + 2.
 
 The two operands are read alternately: src1[k] in W(2k+1), src2[k] in W(2k+2); the first is held in
-`x`, the sum is written at the end of W(2k+3) and `done` is high in W(2·len+2).
+`x`, the sum is written at the end of W(2k+3) and `done` is high in W(2·len+2). States: IDLE, RUN.
 """
 
 from amaranth.hdl import Module, Mux, Signal, signed
@@ -44,21 +44,23 @@ class VaddUnit(SpadUnit):
             self.spad.waddr.eq(dst + j),
             self.spad.wdata.eq(result),
         ]
-        self.done_pulse(m)
-        with m.If(self.start & ~self.busy):
-            self.begin(m, opr)
-            m.d.sync += [cnt.eq(0), j.eq(0), v.eq(0)]
-        with m.Elif(self.busy):
-            more = cnt < (n << 1)
-            m.d.sync += [v.eq(more), par.eq(cnt[0])]
-            with m.If(more):
-                m.d.sync += cnt.eq(cnt + 1)
-            with m.If(v & ~par):
-                m.d.sync += x.eq(self.spad.rdata[:8])
-            with m.If(v & par):
-                m.d.sync += j.eq(j + 1)
-                with m.If(j == n - 1):
-                    self.finish(m)
-                    m.d.sync += v.eq(0)
+        with self.control(m):
+            with m.State("IDLE"):
+                with m.If(self.start):
+                    self.begin(m, opr)
+                    m.d.sync += [cnt.eq(0), j.eq(0), v.eq(0)]
+                    m.next = "RUN"
+            with m.State("RUN"):
+                more = cnt < (n << 1)
+                m.d.sync += [v.eq(more), par.eq(cnt[0])]
+                with m.If(more):
+                    m.d.sync += cnt.eq(cnt + 1)
+                with m.If(v & ~par):
+                    m.d.sync += x.eq(self.spad.rdata[:8])
+                with m.If(v & par):
+                    m.d.sync += j.eq(j + 1)
+                    with m.If(j == n - 1):
+                        self.finish(m)
+                        m.d.sync += v.eq(0)
         self.check_protocol(m, opr)
         return m
