@@ -68,14 +68,10 @@ class DecodeStepTop(wiring.Component):
 
     def __init__(self, program, image, tok_addr, lat=None, *, config=BOOK):
         lat = config.lat if lat is None else lat
-        try:
-            program = _check_words("program", program, 128, config.rom_words)
-            image = _check_words("external image", image, config.word_bits, 1 << config.ext_addr_bits)
-            if isinstance(tok_addr, bool) or not isinstance(tok_addr, int) or not 0 <= tok_addr < len(image):
-                raise ValueError(f"tok_addr = {tok_addr!r} is not an address of the {len(image)}-word image")
-        except ValueError:
-            self._MustUse__silence = True      # a rejected top is not an unused one: no warning at exit
-            raise
+        program = _check_words("program", program, 128, config.rom_words)
+        image = _check_words("external image", image, config.word_bits, 1 << config.ext_addr_bits)
+        if isinstance(tok_addr, bool) or not isinstance(tok_addr, int) or not 0 <= tok_addr < len(image):
+            raise ValueError(f"tok_addr = {tok_addr!r} is not an address of the {len(image)}-word image")
         self.tok_addr = tok_addr
         self.config = config
         self.chip = GA2(config=config)

@@ -1,3 +1,4 @@
+# amaranth: UnusedElaboratable=no
 """Divider (hardware spec 5.6, R8): results, /0, the ignored stray start and the exact cycle of `done`."""
 import random
 

@@ -1,3 +1,4 @@
+# amaranth: UnusedElaboratable=no
 """DMA / LD engine (hardware spec 4.1, 5.7): request, response and write timing against a memory model.
 
 The external memory is modelled in the testbench exactly as spec 6.3 describes it: LAT stages of

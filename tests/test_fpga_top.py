@@ -1,3 +1,4 @@
+# amaranth: UnusedElaboratable=no
 """The FPGA top: one decode step run out of reset in Amaranth's simulator, and its elaboration for the ULX3S.
 
 Expected values come from the reference machine (sim.reference) on the same program and image, and

@@ -1,3 +1,4 @@
+# amaranth: UnusedElaboratable=no
 """Operand memory (hardware spec 5.2): combinational read, write at the edge, old value during the write."""
 import random
 

@@ -1,3 +1,4 @@
+# amaranth: UnusedElaboratable=no
 """Scratchpad (hardware spec 5.1, 2.4): registered read, old contents on a same-edge write."""
 import random
 

@@ -1,3 +1,4 @@
+# amaranth: UnusedElaboratable=no
 """Standalone softmax block (hardware spec 5.8, R7): probabilities against hdl.arith.softmax_q16 and the
 3N+43 edges from the start-sampling edge (exclusive) to the edge that sets `done` (inclusive)."""
 import random

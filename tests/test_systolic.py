@@ -1,3 +1,4 @@
+# amaranth: UnusedElaboratable=no
 """Systolic array (hardware spec 5.3, R9): frame-by-frame values, random matrices, clr and 32-bit wrap.
 
 Expected values come from the spec's closed form acc(i,j) after edge t = sum_{k <= t-i-j} A[i][k] B[k][j],
