@@ -244,3 +244,19 @@ def test_decode_json_reports_host_words(tmp_path, capsys):
     assert decode.main(["--steps", "2", "--sim", "reference", "--json", str(path), "--quiet"]) == 0
     run = json.loads(path.read_text())
     assert run["mode"] == "book" and [r["host_words"] for r in run["records"]] == [8192, 8192]
+
+
+def test_bench_prints_both_modes_side_by_side():
+    import io
+    from sim.bench import compare_modes, mac_count
+    # q, k, v, Wo: 4 x 16*16; W1, W2: 2 x 16*32; Wout 16*16; q.K^T and p.V: 2 x 16*context
+    assert mac_count(T.build_graph(MODELS["structured"], 4)) == 4 * 256 + 2 * 512 + 256 + 2 * 16 * 4 == 2432
+    out = io.StringIO()
+    rows = compare_modes(4, 4, 8, FAST, out=out)
+    assert set(rows) == {"book book", "book fast", "resident fast"}
+    assert all(r["identical"] for r in rows.values())
+    book, res = rows["book book"], rows["resident fast"]
+    assert book["step_cycles"] == 7259 and book["mac_bound"] == 2432 / 16
+    assert res["step_cycles"] == res["mm"] + res["dma"] + res["vec"] + res["overhead"] <= 2400
+    assert res["overhead"] == 2 * res["instructions"] + 2 and res["host_words"] == 17
+    assert "plus the load program once: 2,317 cycles, 2,304 words" in out.getvalue()
