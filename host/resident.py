@@ -160,6 +160,8 @@ class ResidentChip:
         pages = pt.used()
         before = pt.table(rid)
         off = (L - 1) % self.page
+        # compiled before the page table changes: a program that cannot be built leaves the table alone
+        P = self.program(nc, lo - pt.first_row(rid), len(before) + (off == 0))
         pt.append(rid, None)                    # the new row's slot: may take a page or copy a shared one
         after = pt.table(rid)
         host_words, copies, counters = 0, 0, [0, 0, 0, 0, 0]
@@ -172,7 +174,6 @@ class ResidentChip:
             copies += 1
             counters = [a + b for a, b in zip(counters, r.counters)]
         first = pt.first_row(rid)
-        P = self.program(nc, lo - first, len(after))
         writes = mailbox_words(self.layout, P, self.m["E"][token], after)
         result = self._run(P.code, writes, f"step {L} of request {rid!r}")
         host_words += len(writes)
