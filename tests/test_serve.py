@@ -1,0 +1,86 @@
+"""`python -m sim.serve` and `sim.decode --prompt` (issue 14): the JSON, replays alone, refusals, figures,
+and `sim.bench --serve`'s targets."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from sim import decode, ga2, serve
+
+
+def _run(argv, capsys):
+    status = ga2.main(argv)
+    return status, capsys.readouterr().out
+
+
+def test_json_fields_and_every_replay_cmd_reproduces_its_request(tmp_path, capsys):
+    path = tmp_path / "s.json"
+    status, out = _run(["serve", "--requests", "5", "--seed", "1", "--max-batch", "3", "--window", "4",
+                        "--sinks", "1", "--pages", "8", "--prefix-share", "0.6", "--json", str(path)], capsys)
+    assert status == 0, out
+    assert "replays alone: 5 of 5 requests identical" in out
+    doc = json.loads(path.read_text())
+    for key in ("requests", "total_cycles", "tokens_generated", "tokens_per_mcycle", "peak_pages", "preemptions",
+                "prefix_hit_rows", "prompt_rows_computed", "max_batch", "mode", "chip"):
+        assert key in doc, key
+    assert (doc["max_batch"], doc["mode"], doc["chip"]) == (3, "book", "book")
+    assert doc["tokens_generated"] == sum(len(r["tokens"]) for r in doc["requests"])
+    for r in doc["requests"]:
+        for key in ("id", "prompt", "tokens", "logits_int", "ttft_cycles", "finish_cycles", "preempted",
+                    "replay_cmd"):
+            assert key in r, key
+    for r in doc["requests"][:2]:
+        cmd = r["replay_cmd"]
+        assert cmd[:3] == ["python", "-m", "sim.decode"]
+        rp = tmp_path / f"r{r['id']}.json"
+        assert decode.main(cmd[3:] + ["--quiet", "--json", str(rp)]) == 0
+        alone = json.loads(rp.read_text())
+        assert alone["tokens"][len(r["prompt"]):] == r["tokens"]
+        assert alone["logits_int"] == r["logits_int"]
+    capsys.readouterr()
+
+
+def test_a_request_that_can_never_fit_is_refused_and_the_others_served(tmp_path, capsys):
+    path = tmp_path / "s.json"
+    status, out = _run(["serve", "--requests", "6", "--seed", "2", "--window", "none", "--pages", "5",
+                        "--prompt-len", "2:30", "--gen-len", "8:30", "--json", str(path)], capsys)
+    assert status == 0
+    refused = [line for line in out.splitlines() if line.startswith("error: ")]
+    doc = json.loads(path.read_text())
+    ids = [r["id"] for r in doc["requests"] if "refused" in r]
+    assert ids and len(refused) == len(ids)
+    assert "can never fit" in refused[0] and "the pool has 5" in refused[0]
+    assert doc["requests_finished"] == 6 - len(ids)
+    assert f"replays alone: {6 - len(ids)} of {6 - len(ids)} requests identical" in out
+
+
+def test_out_draws_throughput_and_pages(tmp_path, capsys):
+    status, out = _run(["serve", "--requests", "3", "--seed", "1", "--out", str(tmp_path / "fig"), "--no-verify"],
+                       capsys)
+    assert status == 0
+    for name in ("serve_throughput.png", "serve_pages.png"):
+        assert (tmp_path / "fig" / name).read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.parametrize("argv, text", [
+    (["decode", "--sinks", "2", "--window", "4", "--sim", "reference"], "--sinks 2 needs --prompt"),
+    (["decode", "--prompt", "1,2", "--steps", "70", "--sim", "reference"], "the chip attends at most 64"),
+    (["decode", "--prompt", "1,16"], "tokens 0..15"),
+    (["serve", "--sinks", "2", "--window", "none"], "needs a window"),
+    (["serve", "--max-batch", "20", "--window", "8"], "does not fit the chip"),
+])
+def test_bad_combinations_are_one_error_line(argv, text, capsys):
+    assert ga2.main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and text in err[0], err
+
+
+def test_bench_serve_meets_the_book_mode_targets(capsys):
+    t = serve.serve_targets()
+    capsys.readouterr()
+    assert t["batch4_over_batch1"] >= 2.2
+    assert t["memory_ratio"] >= 4
+    assert t["prefix_row_cut"] >= 0.4
+    rates = t["tokens_per_mcycle"]
+    assert rates[1] < rates[2] < rates[4] < rates[8]
