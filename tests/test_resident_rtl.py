@@ -197,11 +197,12 @@ def test_book_chip_has_no_resident_ports():
     """gather=0: neither the chip nor the harness grows a port (their Verilog stays the book's)."""
     from hdl.chip import GA2
     from hdl.harness import HARNESS_SIGNATURE, harness_signature
+    from tests.simutil import built
     resident = {"error", "error_kind", "error_pc", "error_info", "spad_we", "spad_wdata"}
-    assert not resident & set(GA2(config=BOOK).signature.members)
+    assert not resident & set(built(GA2(config=BOOK)).signature.members)
     assert not resident & set(HARNESS_SIGNATURE.members)
     assert resident <= set(harness_signature(CFG).members)
-    assert resident - {"spad_we", "spad_wdata"} <= set(GA2(config=CFG).signature.members)
+    assert resident - {"spad_we", "spad_wdata"} <= set(built(GA2(config=CFG)).signature.members)
 
 
 # ---- isolation as a formal property (sim.formal targets gather and scatter) ----

@@ -60,9 +60,10 @@ def error_ports(cfg):
 class TableWalk:
     """The walk over rows [lo, hi) and their table lookups that GATHER and SCATTER share.
 
-    It owns the FSM of the unit (states ``IDLE``, ``L1``, ``L2``, ``MOVE``, ``END``, ``STOP``) and the
-    row/word registers; the unit adds what it does with each moved word (`move`) and how it ends
-    (``END`` after the last word, ``STOP`` after an error or an empty range).
+    It builds the unit's FSM (`hdl.units.base.Unit.control`, the units' one idiom: busy = not IDLE) with
+    the phases of the timing contract as states, ``IDLE``, ``L1``, ``L2``, ``MOVE``, ``END``, ``STOP``,
+    and the row/word registers; the unit adds what it does with each moved word (`move`) and how it
+    ends (``END`` after the last word, ``STOP`` after an error or an empty range).
 
     Parameters
     ----------
@@ -121,14 +122,13 @@ class TableWalk:
             Statements for the edge that enters ``STOP`` (error or empty range).
         end, stop : callable
             The bodies of the ``END`` state (after the last word's MOVE cycle) and of the ``STOP`` state
-            (after a failed lookup or at an empty range); each calls ``unit.finish`` and goes back to
-            ``IDLE`` when the unit is done.
+            (after a failed lookup or at an empty range); each calls ``unit.finish`` (back to ``IDLE``)
+            when the unit is done.
         """
         m, u, opr = self.m, self.unit, self.opr
-        u.done_pulse(m)
         lo = operand(u.ins, u.OP, "lo")
         hi = operand(u.ins, u.OP, "hi")
-        with m.FSM(name="walk") as self.fsm:
+        with u.control(m) as self.fsm:
             with m.State("IDLE"):
                 with m.If(u.start):
                     u.begin(m, opr)
@@ -260,14 +260,12 @@ class GatherUnit(SpadUnit):
             # LD's end: the last response is being written
             with m.If(self.resp_valid & ((recvd + 1)[:cw] == issued)):
                 self.finish(m)
-                m.next = "IDLE"
 
         def stop():
             # as if the failing L2 had been a request: done LAT + 1 cycles after it
             m.d.sync += tail.eq(tail - 1)
             with m.If(tail == 1):
                 self.finish(m)
-                m.next = "IDLE"
 
         walk.control(start_extra=[issued.eq(0), recvd.eq(0)], found=[src.eq(walk.pool_addr)],
                      move=move, stop_entry=[tail.eq(cfg.lat)], end=end, stop=stop)

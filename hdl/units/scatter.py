@@ -66,7 +66,6 @@ class ScatterUnit(StoreUnit):
         def finish_now():
             # ST's end: the last word is written this cycle (END) or nothing is left (STOP)
             self.finish(m)
-            m.next = "IDLE"
 
         walk.control(start_extra=[issued.eq(0)], found=[dst.eq(walk.pool_addr)], move=move,
                      stop_entry=[], end=finish_now, stop=finish_now)
