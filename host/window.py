@@ -163,5 +163,5 @@ def sink_ranges(L: int, W, S: int = 0) -> list[tuple[int, int]]:
 
 
 def sink_context(L: int, W, S: int = 0) -> int:
-    """Tokens attended at step L with S sinks: the gathered rows and the new one (`context_size` at S = 0)."""
+    """The context of step L with S sinks: the gathered rows and the new one (`context_size` at S = 0)."""
     return 1 + sum(hi - lo for lo, hi in sink_ranges(L, W, S))
