@@ -208,3 +208,19 @@ def test_a_trace_on_verilator_equals_the_reference():
     b = Engine(M, vl, **kw).run(reqs)
     assert a == b
     assert a["prefix_hit_rows"] > 0
+
+
+def test_a_batched_program_on_amaranths_simulator_equals_the_reference():
+    # one two-row program (about 9,000 cycles): every counter, external word and scratchpad word
+    from compiler import ext_image
+    from sim.backend import first_difference, get_backend
+    runner = BatchRunner(M, ReferenceMachine())
+    P = runner.program((3, 1))
+    inputs = {"x": [M["E"][4], M["E"][11]], "zk": [[0.0] * 16], "zv": [[0.0] * 16],
+              "kc0": [[0.05 * j for j in range(16)], [-0.03 * j for j in range(16)]],
+              "vc0": [[0.02 * (8 - j) for j in range(16)], [0.01 * j for j in range(16)]]}
+    image = ext_image(P, inputs, P.ext_size)
+    ref = ReferenceMachine().run(P.code, image, 8)
+    assert ref.counters == P.counters(8)
+    got = get_backend("amaranth").run(P.code, image, 8)
+    assert first_difference(ref, got) is None
