@@ -321,6 +321,19 @@ MUTANTS: tuple[Mutant, ...] = (
     _m("host", "host/resident.py", "        if off and before[-1] != after[-1]:", "        if False:",
        "resident host: copy-on-write of a shared partly filled page copies nothing on the chip",
        "tests/test_resident.py::test_copy_on_write_is_a_chip_side_page_copy"),
+    # ---- resident mode: the GATHER/SCATTER units and the chip's error stop ---------------------------------
+    _m("hdl", "hdl/units/gather.py", "        self.bad_page = entry >= opr.pool_pages",
+       "        self.bad_page = entry > opr.pool_pages",
+       "GATHER/SCATTER: a block-table entry equal to pool_pages passes the lookup check",
+       "tests/test_unit_gather.py::test_gather_against_doc_and_reference"),
+    _m("hdl", "hdl/units/scatter.py", "        m.d.sync += v.eq(moving)",
+       "        m.d.sync += v.eq(moving & ~walk.row_end)",
+       "SCATTER: the last word of every row is read but never written",
+       "tests/test_unit_scatter.py::test_scatter_against_doc_and_reference"),
+    _m("hdl", "hdl/chip.py", "            m.d.comb += go.eq((st == SeqState.ISSUE) & ~self.error)",
+       "            m.d.comb += go.eq(st == SeqState.ISSUE)",
+       "chip: the instruction after an error stop still starts its unit (the chip halts with it running)",
+       "tests/test_resident_rtl.py::test_bad_table_stops_amaranth"),
 )
 
 
