@@ -257,3 +257,31 @@ def test_isolation_fails_on_scatter_that_runs_past_its_page():
             finally:
                 s.TableWalk = saved
     assert _formal("scatter", build=lambda: Broken(config=cfg)) == "FAIL"
+
+
+def _gather_chip_target(chip_module=None):
+    """sim.formal's chip target (`ChipEnv`: any program, any data, the memory's timing) on a gather=1 chip,
+    with the resident chip's property as well."""
+    from hdl import chip as chipmod
+    from sim import formal
+    mod = chip_module or chipmod
+    cfg = replace(BOOK, gather=1, lat=formal.CHIP_LAT)
+    return formal.Target("chip", lambda: formal.ChipEnv(chip=lambda: mod.GA2(config=cfg)),
+                         {**chipmod.CHIP_PROPERTIES, **chipmod.RESIDENT_CHIP_PROPERTIES})
+
+
+def test_gather_chip_keeps_ownership_and_stops_quietly():
+    """On the gather chip, the units' port sharing keeps 'only the owner writes', and after any error stop
+    nothing is busy in HALT (bounded, 11 cycles: one failing GATHER and the next issue fit)."""
+    from sim import formal
+    got = formal.prove(_gather_chip_target(), ["owner_writes", "halt_quiet"], 11, formal.find_tools(), mode="bmc")
+    assert got[0] == "bounded", got
+
+
+def test_halt_quiet_fails_on_a_chip_that_starts_the_unit_after_an_error_stop():
+    import hdl.chip as chipmod
+    from sim import formal
+    mod = _unit_variant(chipmod, "            m.d.comb += go.eq((st == SeqState.ISSUE) & ~self.error)",
+                        "            m.d.comb += go.eq(st == SeqState.ISSUE)")
+    got = formal.prove(_gather_chip_target(mod), ["halt_quiet"], 11, formal.find_tools(), mode="bmc")
+    assert got[0] == "FAIL", got
