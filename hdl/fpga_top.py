@@ -5,6 +5,8 @@ chip's own: the top adds nothing in between). Then the top reads the token word 
 memory's own read port (LAT cycles) and shows it on the LEDs, with a 'halted' LED.
 """
 
+from dataclasses import replace
+
 from amaranth.hdl import Cat, Module, Mux, Signal
 from amaranth.lib import io, wiring
 from amaranth.lib.memory import Memory
@@ -74,7 +76,8 @@ class DecodeStepTop(wiring.Component):
             raise ValueError(f"tok_addr = {tok_addr!r} is not an address of the {len(image)}-word image")
         self.tok_addr = tok_addr
         self.config = config
-        self.chip = GA2(config=config)
+        # a resident-mode chip times its error stop by the memory's LAT (hdl.harness does the same)
+        self.chip = GA2(config=replace(config, lat=lat) if config.gather else config)
         self.extmem = ExtMemory(len(image), lat, backdoor=False, config=config)
         self.extmem.memory.init = image
         depth = max(2, 1 << (len(program) - 1).bit_length())
