@@ -31,6 +31,7 @@ hdl/ sources, the driver and the flags, so a mutant of any of them builds its ow
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -46,7 +47,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 __all__ = ["Mutant", "Outcome", "MUTANTS", "KINDS", "PROJECT_ROOT", "anchor_problem", "mutated_source",
-           "copy_project", "project_build_dir", "run_checks", "run_mutant", "baseline", "main"]
+           "copy_project", "project_build_dir", "run_checks", "run_mutant", "mutant_task", "baseline", "main"]
 
 PROJECT_ROOT = Path(__file__).resolve().parents[1]
 KINDS = ("host", "hdl", "compiler", "sim")
@@ -334,6 +335,23 @@ MUTANTS: tuple[Mutant, ...] = (
        "            m.d.comb += go.eq(st == SeqState.ISSUE)",
        "chip: the instruction after an error stop still starts its unit (the chip halts with it running)",
        "tests/test_resident_rtl.py::test_bad_table_stops_amaranth"),
+    # ---- issue 14: the serving engine, its page-table extensions and the batched programs ------------------
+    _m("host", PT, "if self._ref[p] == 0 and p not in self._retained:", "if self._ref[p] == 0:",
+       "page table: a cached page is freed when its last request lets go (the cache then names a free page)",
+       "tests/test_engine.py::test_batch_invariance_over_traces",
+       "tests/test_engine.py::test_prefix_cache_skips_the_shared_rows_with_identical_tokens"),
+    _m("host", "host/engine.py", "while t < P and n + t < limit and ptoks[t] == toks[n + t]:",
+       "while t < P and n + t < limit:",
+       "prefix cache: a cached page is adopted as a partial tail whatever its tokens",
+       "tests/test_engine.py::test_prefix_cache_skips_the_shared_rows_with_identical_tokens"),
+    _m("host", "host/engine.py", "victim = max(self.running, key=lambda s: s.order)",
+       "victim = min(self.running, key=lambda s: s.order)",
+       "engine: preemption takes the earliest admitted request instead of the most recent",
+       "tests/test_engine.py::test_preemption_by_recompute_gives_identical_results"),
+    _m("host", "host/batch.py", """res[i] = {"tok": int(out["tok"][0][j][0])""", """res[i] = {"tok": int(out["tok"][0][i][0])""",
+       "batched programs: row i gets the token of the i-th program row, not its own",
+       "tests/test_engine.py::test_a_row_gives_the_same_integers_in_any_batch_and_the_cycle_model_holds",
+       "tests/test_engine.py::test_batch_invariance_over_traces"),
 )
 
 
@@ -679,6 +697,15 @@ def baseline(mutants, timeout: float, jobs: int, root: Path = PROJECT_ROOT, buil
         return run_checks(copy, checks, timeout * 4, workers=jobs, build_dir=build)
 
 
+def mutant_task(m: Mutant, timeout: float, seed: str | None) -> tuple[str, str, float]:
+    """One task of ``--cluster`` (`sim.cluster`): `run_mutant` on the worker's own checkout.
+
+    `seed` is the driver's private build directory: used where it can be seen (a worker on the driver's
+    machine); a worker on another node seeds its copies from its own project build directory.
+    """
+    return run_mutant(m, timeout, seed=Path(seed) if seed and Path(seed).is_dir() else None)
+
+
 # ---- command line ------------------------------------------------------------------------------------------
 def _label(i: int, m: Mutant) -> str:
     return f"{m.kind:8s} {i:2d}  {m.description}"
@@ -697,6 +724,8 @@ def build_parser():
     ap.add_argument("--list", action="store_true", help="list the mutants and their checks, run nothing")
     ap.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT, metavar="S",
                     help=f"seconds allowed to one mutant's checks (default {DEFAULT_TIMEOUT:.0f})")
+    from sim.cluster import cluster_option
+    cluster_option(ap, "one mutant a task; the baseline runs here, with --jobs")
     return ap
 
 
@@ -705,6 +734,8 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     if not args.timeout > 0:
         ap.error(f"--timeout must be > 0, got {args.timeout}")
+    from sim.cluster import check_cluster_args
+    check_cluster_args(args)
     chosen = [(i, m) for i, m in enumerate(MUTANTS, 1) if args.only in (None, m.kind)]
 
     if args.list:
@@ -753,13 +784,20 @@ def _run(chosen, args, pool, t_start) -> int:
         counts = dict.fromkeys(VERDICTS, 0)
         inconclusive = []
         raised = 0                  # caught by an exception of the mutated code, not by an assertion
-        results = pool.map(lambda im: run_mutant(im[1], args.timeout, seed=build), chosen)
-        for (i, m), (verdict, detail, secs) in zip(chosen, results):
-            counts[verdict] += 1
-            raised += verdict == "caught" and ", the code under test raised " in detail
-            if verdict == "INCONCLUSIVE":
-                inconclusive.append((i, m, detail))
-            print(f"{verdict:13s}{_label(i, m)}  ({detail}, {secs:.1f} s)", flush=True)
+        with contextlib.ExitStack() as stack:
+            if args.cluster is not None:
+                from sim.cluster import Cluster
+                cluster = stack.enter_context(Cluster(args.cluster, args.workers))
+                results = cluster.map(mutant_task, [(m, args.timeout, str(build)) for _, m in chosen],
+                                      label="mutants", unit="mutant")
+            else:
+                results = pool.map(lambda im: run_mutant(im[1], args.timeout, seed=build), chosen)
+            for (i, m), (verdict, detail, secs) in zip(chosen, results):
+                counts[verdict] += 1
+                raised += verdict == "caught" and ", the code under test raised " in detail
+                if verdict == "INCONCLUSIVE":
+                    inconclusive.append((i, m, detail))
+                print(f"{verdict:13s}{_label(i, m)}  ({detail}, {secs:.1f} s)", flush=True)
 
     if inconclusive:
         print(f"{len(inconclusive)} inconclusive (neither caught nor survived; fix the run or the checks):")
