@@ -50,9 +50,10 @@ def user_errors() -> tuple[type[BaseException], ...]:
     from host.pagetable import OutOfPages, PageTableError
     from host.window import WindowError
     from sim.backend import SimError
+    from sim.cluster import ClusterError
     from sim.hexfile import HexFileError
     return (UsageError, ChipSpecError, IsaError, SimError, CompileError, OutOfPages, PageTableError, HostError,
-            WindowError, HexFileError, EngineError, OSError)
+            WindowError, HexFileError, ClusterError, EngineError, OSError)
 
 
 def _message(e: BaseException) -> str:

@@ -18,7 +18,7 @@ from hdl.isa import describe, halt
 from sim.backend import MAX_CYCLES, Backend, RunResult, SimError, first_difference, get_backend
 from sim.cli import Parser, UsageError, chip_option, guarded, int_range, sim_option
 
-__all__ = ["fuzz", "locate", "run_batch", "CheckedBackend", "build_parser", "main"]
+__all__ = ["fuzz", "locate", "run_batch", "CheckedBackend", "fuzz_task", "fuzz_on_cluster", "build_parser", "main"]
 
 _HALT = halt().word
 
@@ -201,6 +201,53 @@ too short, whose error stop (kind, pc, info) is compared too.
 
 
 MAX_COUNT = 1_000_000        # programs per run; in chunks of 100 with a progress line per chunk
+TASK_PROGRAMS = 25           # programs per cluster task: a few seconds on Verilator across the mix
+
+
+def fuzz_task(sim: str, config, seed: int, first: int, count: int, ext, lat, budget: int) -> dict:
+    """One cluster task (`sim.cluster`): programs first .. first+count-1 of `seed`, as `fuzz` runs them.
+
+    The backends are the worker's own (`sim.cluster.worker_backend`: a Verilator model is built once per
+    node). Returns `fuzz`'s summary with ``lines``, the failure lines `fuzz` printed (the local run's
+    lines, word for word), and ``builds``, the models this task built.
+    """
+    import io
+
+    from sim.cluster import worker_backend
+    backend = worker_backend(sim, config)
+    reference = worker_backend("reference", config, check=False)
+    before = getattr(backend, "builds", 0)
+    out = io.StringIO()
+    s = fuzz(backend, reference, count, seed, ext, lat, out, first=first, budget=budget, chunk=count)
+    s["lines"] = out.getvalue()
+    s["builds"] = getattr(backend, "builds", 0) - before
+    return s
+
+
+def fuzz_on_cluster(a) -> dict:
+    """`fuzz` of the parsed command line `a` as tasks of `TASK_PROGRAMS` programs on ``a.cluster``.
+
+    The failure lines are printed in program order as the tasks' results stream back, and the summaries
+    add up to the one `fuzz` returns for the same programs (the times are summed over the tasks).
+    """
+    from sim.cluster import Cluster
+    spans = [(lo, min(TASK_PROGRAMS, a.first + a.count - lo)) for lo in range(a.first, a.first + a.count, TASK_PROGRAMS)]
+    s = {"count": a.count, "failures": 0, "failed": [], "cycles": 0, "reference_s": 0.0, "backend_s": 0.0,
+         "configs": {}, "builds": 0}
+    with Cluster(a.cluster, a.workers) as cluster:
+        tasks = [(a.sim, a.chip, a.seed, lo, n, a.ext, a.lat, a.budget) for lo, n in spans]
+        for part in cluster.map(fuzz_task, tasks, label=f"fuzz on {a.sim}"):
+            sys.stdout.write(part["lines"])
+            sys.stdout.flush()
+            for key in ("failures", "cycles", "reference_s", "backend_s", "builds"):
+                s[key] += part[key]
+            s["failed"] += part["failed"]
+            for pair, k in part["configs"].items():
+                s["configs"][pair] = s["configs"].get(pair, 0) + k
+    if s["builds"]:
+        print(f"cluster: {s['builds']} Verilator model{'s' * (s['builds'] != 1)} built on the workers",
+              file=sys.stderr)
+    return s
 
 
 def build_parser() -> Parser:
@@ -222,11 +269,15 @@ def build_parser() -> Parser:
                    help="pin the external read latency, 1..1024 (default: the mix's)")
     p.add_argument("--budget", type=int_range(10_000, MAX_CYCLES), default=MAX_CYCLES, metavar="CYCLES",
                    help=f"most cycles a program may take, 10000..{MAX_CYCLES} (smaller for the Amaranth simulator)")
+    from sim.cluster import cluster_option
+    cluster_option(p, f"{TASK_PROGRAMS} programs a task, the same programs and summary as without it")
     return p
 
 
 def main(argv=None) -> int:
     a = build_parser().parse_args(argv)
+    from sim.cluster import check_cluster_args
+    check_cluster_args(a)
     if a.sim == "reference":
         raise UsageError("--sim reference would compare the reference machine with itself: "
                          "choose amaranth or verilator")
@@ -237,10 +288,13 @@ def main(argv=None) -> int:
         # sim.progen draws its programs for the book's limits: on a smaller chip many would be illegal
         raise UsageError(f"--chip {a.chip.spec()}: the random programs are drawn for the book's chip, and this "
                          f"chip is smaller ({', '.join(smaller)})")
-    backend = get_backend(a.sim, config=a.chip)
-    reference = get_backend("reference", check=False, config=a.chip)
-    s = fuzz(backend, reference, a.count, a.seed, a.ext, a.lat, first=a.first, budget=a.budget,
-             progress=sys.stderr if a.count > 100 else None)
+    if a.cluster is not None:
+        s = fuzz_on_cluster(a)
+    else:
+        backend = get_backend(a.sim, config=a.chip)
+        reference = get_backend("reference", check=False, config=a.chip)
+        s = fuzz(backend, reference, a.count, a.seed, a.ext, a.lat, first=a.first, budget=a.budget,
+                 progress=sys.stderr if a.count > 100 else None)
     status = "PASS" if s["failures"] == 0 else "FAIL"
     pairs = sorted(s["configs"])
     chips = (f"EXT {pairs[0][0]}, LAT {pairs[0][1]}" if len(pairs) == 1 else

@@ -20,7 +20,7 @@ from dataclasses import asdict
 from sim.cli import Parser, Progress, UsageError, guarded, make_dir, output_dir, sim_option, write_json, write_text
 
 __all__ = ["DEFAULT_CONFIGS", "ULX3S_85F", "STEPS", "WINDOW", "configs", "decode", "first_difference",
-           "fits", "sweep", "format_markdown", "build_parser", "main"]
+           "fits", "config_row", "sweep", "format_markdown", "build_parser", "main"]
 
 # The default grid: array 4 and 8, mm_load 1 and 4.
 DEFAULT_CONFIGS = "book;array=8;mm_load=4;array=8,mm_load=4"
@@ -103,30 +103,49 @@ def _synth(cfg) -> dict:
     return out
 
 
-def sweep(cfgs, sim: str, synth: bool = False, out=None) -> dict:
+def config_row(cfg, sim: str, synth: bool, book: dict) -> dict:
+    """The sweep's row of one configuration: its decode on `sim` checked against `book` (the book's chip's
+    decode), and with `synth` its synthesis. Raises `SweepMismatch` when its integers differ. One task
+    of ``--cluster``."""
+    run = decode(cfg, sim)
+    diff = first_difference(run, book)
+    if diff is not None:
+        raise SweepMismatch(f"chip {cfg.spec()} differs from the book's chip at {diff}")
+    recs = run["records"]
+    ctx4 = next(r for r in recs if r["ctx"] == WINDOW)
+    row = {"chip": cfg.spec(), "config": cfg.overrides(),
+           "cycles_ctx1": recs[0]["counters"][0], "cycles_ctx4": ctx4["counters"][0],
+           "ctx4_step": ctx4["L"],
+           "ctx4_all_equal": all(r["counters"][0] == ctx4["counters"][0] for r in recs if r["ctx"] == WINDOW),
+           "total_w4": run["cycles_total"], "tokens": run["tokens"], "identical_to_book": True}
+    if synth:
+        row["synth"] = _synth(cfg)
+    return row
+
+
+def sweep(cfgs, sim: str, synth: bool = False, out=None, cluster: str | None = None,
+          workers: int | None = None) -> dict:
     """Run the decode (and with `synth` the synthesis) of every configuration; the sweep's JSON document.
 
-    Raises `SweepMismatch` at the first configuration whose integers differ from the book's.
+    With `cluster` (a `sim.cluster` address) each configuration is one Ray task on it (`config_row`), the
+    rows coming back in the order of `cfgs`. Raises `SweepMismatch` at the first configuration (in that
+    order) whose integers differ from the book's.
     """
+    import contextlib
+
     from hdl.config import BOOK
     out = out or sys.stdout
     book = decode(BOOK, "reference")            # the integers every chip must give back
     rows = []
-    with Progress(f"sweep on {sim}", unit="configuration") as bar:
-        for i, cfg in enumerate(cfgs):
-            run = decode(cfg, sim)
-            diff = first_difference(run, book)
-            if diff is not None:
-                raise SweepMismatch(f"chip {cfg.spec()} differs from the book's chip at {diff}")
-            recs = run["records"]
-            ctx4 = next(r for r in recs if r["ctx"] == WINDOW)
-            row = {"chip": cfg.spec(), "config": cfg.overrides(),
-                   "cycles_ctx1": recs[0]["counters"][0], "cycles_ctx4": ctx4["counters"][0],
-                   "ctx4_step": ctx4["L"],
-                   "ctx4_all_equal": all(r["counters"][0] == ctx4["counters"][0] for r in recs if r["ctx"] == WINDOW),
-                   "total_w4": run["cycles_total"], "tokens": run["tokens"], "identical_to_book": True}
-            if synth:
-                row["synth"] = _synth(cfg)
+    with Progress(f"sweep on {sim}", unit="configuration") as bar, contextlib.ExitStack() as stack:
+        if cluster is not None:
+            from sim.cluster import Cluster
+            c = stack.enter_context(Cluster(cluster, workers))
+            results = c.map(config_row, [(cfg, sim, synth, book) for cfg in cfgs], label=f"sweep on {sim}",
+                            unit="configuration", progress=False)
+        else:
+            results = (config_row(cfg, sim, synth, book) for cfg in cfgs)
+        for i, row in enumerate(results):
             rows.append(row)
             print(f"{row['chip']}: {row['cycles_ctx1']} cycles at context 1, {row['cycles_ctx4']} at context "
                   f"{WINDOW}, {row['total_w4']} in {STEPS} steps; tokens and integer logits identical to the book's",
@@ -224,18 +243,22 @@ def build_parser() -> Parser:
                    help=f"the configurations, each a --chip spec, separated by ';' (default: {DEFAULT_CONFIGS})")
     p.add_argument("--synth", action="store_true",
                    help="also synthesize each chip for the ECP5 and place it (needs pip install -e '.[synth]')")
+    from sim.cluster import cluster_option
+    cluster_option(p, "one configuration a task, its decode and synthesis")
     return p
 
 
 def main(argv=None) -> int:
     a = build_parser().parse_args(argv)
+    from sim.cluster import check_cluster_args
+    check_cluster_args(a)
     _plt()                              # a missing matplotlib or synthesis extra is said before any work
     if a.synth:
         from sim.synth import require_tools
         require_tools(pnr=True)
     make_dir(a.out)
     try:
-        doc = sweep(a.configs, a.sim, synth=a.synth)
+        doc = sweep(a.configs, a.sim, synth=a.synth, cluster=a.cluster, workers=a.workers)
     except SweepMismatch as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
