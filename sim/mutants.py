@@ -335,6 +335,23 @@ MUTANTS: tuple[Mutant, ...] = (
        "            m.d.comb += go.eq(st == SeqState.ISSUE)",
        "chip: the instruction after an error stop still starts its unit (the chip halts with it running)",
        "tests/test_resident_rtl.py::test_bad_table_stops_amaranth"),
+    # ---- issue 14: the serving engine, its page-table extensions and the batched programs ------------------
+    _m("host", PT, "if self._ref[p] == 0 and p not in self._retained:", "if self._ref[p] == 0:",
+       "page table: a cached page is freed when its last request lets go (the cache then names a free page)",
+       "tests/test_engine.py::test_batch_invariance_over_traces",
+       "tests/test_engine.py::test_prefix_cache_skips_the_shared_rows_with_identical_tokens"),
+    _m("host", "host/engine.py", "while t < P and n + t < limit and ptoks[t] == toks[n + t]:",
+       "while t < P and n + t < limit:",
+       "prefix cache: a cached page is adopted as a partial tail whatever its tokens",
+       "tests/test_engine.py::test_prefix_cache_skips_the_shared_rows_with_identical_tokens"),
+    _m("host", "host/engine.py", "victim = max(self.running, key=lambda s: s.order)",
+       "victim = min(self.running, key=lambda s: s.order)",
+       "engine: preemption takes the earliest admitted request instead of the most recent",
+       "tests/test_engine.py::test_preemption_by_recompute_gives_identical_results"),
+    _m("host", "host/batch.py", """res[i] = {"tok": int(out["tok"][0][j][0])""", """res[i] = {"tok": int(out["tok"][0][i][0])""",
+       "batched programs: row i gets the token of the i-th program row, not its own",
+       "tests/test_engine.py::test_a_row_gives_the_same_integers_in_any_batch_and_the_cycle_model_holds",
+       "tests/test_engine.py::test_batch_invariance_over_traces"),
 )
 
 
