@@ -347,10 +347,12 @@ def serve_targets(config=None, out=None) -> dict:
           f"batch 2: {rates[2] / rates[1]:.3f}, batch 8: {rates[8] / rates[1]:.3f}", file=out)
     mem = ["--pages", "16", "--max-batch", "8"]
     paged, contig = run(mem), run(mem + ["--alloc", "contiguous"])
+    d = build_parser().parse_args(TARGET_TRACE)
+    reserve = d.prompt_len[1] + d.gen_len[1] - 1
     mratio = paged["peak_running"] / contig["peak_running"]
     print(f"memory, pool of 16 pages of 4 rows, max batch 8: requests running at once with paging "
           f"{paged['peak_running']}, contiguous {contig['peak_running']} (reserving "
-          f"{16 + 16 - 1} rows each): {mratio:.2f}x (target >= 4: {'met' if mratio >= 4 else 'NOT met'})",
+          f"{reserve} rows each): {mratio:.2f}x (target >= 4: {'met' if mratio >= 4 else 'NOT met'})",
           file=out)
     pre = ["--prefix-share", "0.5", "--prompt-len", "8:24"]
     on, off = run(pre), run(pre + ["--no-prefix-cache"])

@@ -55,6 +55,19 @@ def test_a_request_that_can_never_fit_is_refused_and_the_others_served(tmp_path,
     assert f"replays alone: {6 - len(ids)} of {6 - len(ids)} requests identical" in out
 
 
+def test_poisson_arrivals_are_served_and_timed_from_arrival(tmp_path, capsys):
+    path = tmp_path / "p.json"
+    status, out = _run(["serve", "--requests", "6", "--seed", "4", "--arrival", "poisson:0.3", "--max-batch", "2",
+                        "--json", str(path)], capsys)
+    assert status == 0 and "replays alone: 6 of 6 requests identical" in out
+    doc = json.loads(path.read_text())
+    arrivals = [r["arrival"] for r in doc["requests"]]
+    assert arrivals == sorted(arrivals) and arrivals[-1] > 0
+    for r in doc["requests"]:
+        assert 0 < r["ttft_cycles"] <= r["finish_cycles"]
+    assert [st["step"] for st in doc["steps"]] == sorted({st["step"] for st in doc["steps"]})
+
+
 def test_out_draws_throughput_and_pages(tmp_path, capsys):
     status, out = _run(["serve", "--requests", "3", "--seed", "1", "--out", str(tmp_path / "fig"), "--no-verify"],
                        capsys)
