@@ -196,19 +196,30 @@ def test_the_books_decode_is_unchanged():
 
 # ---- Verilator: the same trace, the same results and cycles ----------------------------------------
 
-def test_a_trace_on_verilator_equals_the_reference():
+VERILATOR_TRACES = [
+    # shared prefixes, a sink and preemption; no window, the random model, preemption; batch 8 (two M tiles)
+    (M, [Request(0, PREFIX[:5], 4, 0), Request(1, PREFIX[:6], 3, 0), Request(2, [2, 2], 5, 1),
+         Request(3, [9], 3, 2)], dict(max_batch=3, window=4, sinks=1, page=2, n_pages=7)),
+    (MR, [Request(i, [i, 7, (5 * i) % 16], 7, i // 2) for i in range(4)],
+     dict(max_batch=4, window=None, page=2, n_pages=9)),
+    (M, [Request(i, PREFIX[:1 + i % 6], 2 + i % 3, i // 3) for i in range(9)], dict(max_batch=8, window=6, page=4)),
+]
+
+
+@pytest.mark.parametrize("case", range(len(VERILATOR_TRACES)))
+def test_traces_on_verilator_equal_the_reference(case):
+    # the whole result (tokens, logits, cycles, pages, preemptions, per-step trace) is identical
     from sim.backend import get_backend
     try:
         vl = get_backend("verilator")
     except Exception as exc:                # pragma: no cover - the test extra brings Verilator
         pytest.fail(f"verilator backend unavailable: {exc}")
-    reqs = [Request(0, PREFIX[:5], 4, 0), Request(1, PREFIX[:6], 3, 0), Request(2, [2, 2], 5, 1),
-            Request(3, [9], 3, 2)]
-    kw = dict(max_batch=3, window=4, sinks=1, page=2, n_pages=7)
-    a = Engine(M, ReferenceMachine(), **kw).run(reqs)
-    b = Engine(M, vl, **kw).run(reqs)
+    m, reqs, kw = VERILATOR_TRACES[case]
+    a = Engine(m, ReferenceMachine(), **kw).run(reqs)
+    b = Engine(m, vl, **kw).run(reqs)
     assert a == b
-    assert a["prefix_hit_rows"] > 0
+    assert (a["prefix_hit_rows"] > 0, a["preemptions"] > 0, max(s["rows"] for s in a["steps"])) == \
+        [(True, True, 3), (True, True, 4), (False, False, 8)][case]
 
 
 def test_a_batched_program_on_amaranths_simulator_equals_the_reference():
