@@ -26,6 +26,7 @@ Every node runs the same checkout of the project, installed with the ``cluster``
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import re
 import sys
@@ -251,8 +252,8 @@ class Cluster:
     def map(self, fn, arglist, label: str, unit: str = "task", progress: bool = True):
         """Run ``fn(*args)`` for every `args` of `arglist` as Ray tasks; yield the results in that order.
 
-        `fn` must be a module-level function (a worker imports it by name) whose result depends only on
-        its arguments. A task whose worker dies is retried by Ray; an exception of `fn` itself is raised
+        `fn` (a function of the command's module, pickled with its arguments) must give a result that
+        depends only on its arguments. A task whose worker dies is retried by Ray; an exception of `fn` itself is raised
         here as itself (not retried). After the last result a ``cluster:`` line reports the tasks, the
         attempts and which tasks were retried.
         """
@@ -303,6 +304,32 @@ class Cluster:
         print(f"cluster: {label}: {n} tasks, {attempts} attempts, {attempts - n} "
               f"retr{'y' if attempts - n == 1 else 'ies'}{note}; {time.monotonic() - t0:.1f} s",
               file=self.stream, flush=True)
+
+    def actors(self, cls, init_args, method: str, call_args, label: str) -> list:
+        """One Ray actor of `cls` (a plain class of the command's module) per entry of `init_args`, each
+        asked ``method(*call_args[k])`` once, all at the same time; the answers in order.
+
+        An actor holds one CPU while it lives and is ended as soon as its answer is in (so that K actors
+        on fewer CPUs still all run, the later ones when the earlier ones are done). An exception of the
+        actor's own code is raised here as itself.
+        """
+        ray = self._ray
+        t0 = time.monotonic()
+        remote = ray.remote(cls).options(num_cpus=1, name=None)
+        handles = [remote.remote(*args) for args in init_args]
+        refs = [getattr(h, method).remote(*args) for h, args in zip(handles, call_args)]
+        out = []
+        try:
+            for k, ref in enumerate(refs):
+                out.append(self._result(ref, k, label))
+                ray.kill(handles[k])
+        finally:
+            for h in handles:
+                with contextlib.suppress(Exception):
+                    ray.kill(h)
+        print(f"cluster: {label}: {len(handles)} actors; {time.monotonic() - t0:.1f} s", file=self.stream,
+              flush=True)
+        return out
 
     def _result(self, ref, i: int, label: str):
         ray = self._ray

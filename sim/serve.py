@@ -210,6 +210,13 @@ def build_parser() -> Parser:
                    help="draw DIR/serve_throughput.png (the trace at batch 1, 2, 4, 8 on the reference) and "
                         "DIR/serve_pages.png (pages in use per engine step)")
     p.add_argument("--no-verify", action="store_true", help="skip the replays alone")
+    p.add_argument("--chips", type=int_range(1, 64), default=1, metavar="K",
+                   help="serve on K chips, each with its own pool and engine, requests routed by --route "
+                        "(sim.multichip); with --out, figures of throughput on 1, 2, 4 chips and of both routes")
+    p.add_argument("--route", choices=("load", "prefix"), default="load",
+                   help="with --chips: the least loaded chip, or the chip holding the longest prefix of the prompt")
+    from sim.cluster import cluster_option
+    cluster_option(p, "one Ray actor per chip")
     return p
 
 
@@ -252,6 +259,11 @@ def main(argv=None, out=None) -> int:
     out = out or sys.stdout
     a = build_parser().parse_args(argv)
     check_args(a)
+    from sim.cluster import check_cluster_args
+    check_cluster_args(a)
+    if a.chips > 1 or a.cluster is not None:
+        from sim.multichip import main_chips
+        return main_chips(a, out)
     from host.engine import decode_alone
     from host.batch import BatchRunner
     from sim.reference import ReferenceMachine

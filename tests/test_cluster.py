@@ -244,3 +244,50 @@ def test_an_unreachable_cluster_is_one_line():
     p = _run("sim.fuzz", "--count", "1", "--cluster", f"127.0.0.1:{_free_port()}", timeout=300)
     assert p.returncode == 2 and p.stderr.splitlines()[-1].startswith("error: cannot join the Ray cluster at "), \
         p.stderr[-2000:]
+
+
+# ---- serving on several chips (sim.multichip) --------------------------------------------------------------
+
+def test_two_chip_actors_serve_a_trace_as_the_chips_here_and_every_request_as_alone(tmp_path):
+    """32 requests on 2 chips as Ray actors (--cluster local): the command's replays alone pass (every
+    request's tokens and integer logits), the JSON equals the same 2 chips run here one after the other,
+    and the aggregate tokens per million cycles is at least 1.8 times the 1-chip run's on the same trace."""
+    import json
+    base = ["sim.serve", "--requests", "32", "--sim", "reference"]
+    one = _run(*base, "--chips", "1", "--json", str(tmp_path / "one.json"))
+    here = _run(*base, "--chips", "2", "--json", str(tmp_path / "here.json"))
+    there = _run(*base, "--chips", "2", "--cluster", "local", "--workers", "2", "--json", str(tmp_path / "there.json"))
+    for p in (one, here, there):
+        assert p.returncode == 0 and "replays alone: 32 of 32 requests identical" in p.stdout, p.stdout + p.stderr
+    assert "cluster: serve on 2 chips: 2 actors" in there.stderr
+    docs = [json.loads((tmp_path / f"{n}.json").read_text()) for n in ("one", "here", "there")]
+    for d in docs[1:]:
+        d.pop("run")
+    assert docs[1] == docs[2]
+    assert sorted(r["id"] for r in docs[2]["requests"]) == list(range(32))
+    assert {r["chip"] for r in docs[2]["requests"]} == {0, 1}
+    assert [c["cycles"] for c in docs[2]["per_chip"]] and docs[2]["span_cycles"] == max(
+        c["cycles"] for c in docs[2]["per_chip"])
+    assert docs[2]["tokens_generated"] == docs[0]["tokens_generated"]
+    assert docs[2]["tokens_per_mcycle"] >= 1.8 * docs[0]["tokens_per_mcycle"], (docs[2]["tokens_per_mcycle"],
+                                                                                 docs[0]["tokens_per_mcycle"])
+
+
+def test_the_routes():
+    """``prefix`` sends a prompt to the chip whose earlier prompts share the most whole pages with it;
+    ``load`` to the chip with the fewest engine steps after taking it (then the fewer rows), whatever the
+    prompt."""
+    from host.engine import Request
+    from sim.multichip import route
+    shared = [1, 2, 3, 4, 5, 6, 7, 8]
+    # rows 12, 2, 12; 2 rows a step: request 2 makes either chip need 12 steps, chip 1 has fewer rows
+    reqs = [Request(0, shared + [9], 4), Request(1, [0, 0], 1), Request(2, shared + [10], 4)]
+    assert route(reqs, 2, "prefix", page=4, max_batch=2) == [0, 1, 0]      # two shared pages
+    assert route(reqs, 2, "load", page=4, max_batch=2) == [0, 1, 1]
+    # a shared prefix shorter than a page is no reason: request 2 goes by load
+    reqs[2] = Request(2, shared[:3] + [10], 4)
+    assert route(reqs, 2, "prefix", page=4, max_batch=2) == [0, 1, 1]
+    assert route(reqs, 2, "prefix", page=2, max_batch=2) == [0, 1, 0]      # one shared page of 2 rows
+    # load alone: three chips take three equal requests, the fourth goes to the lowest index
+    same = [Request(i, [i, i], 3) for i in range(4)]
+    assert route(same, 3, "load", page=4, max_batch=4) == [0, 1, 2, 0]
