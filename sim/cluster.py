@@ -1,4 +1,5 @@
-"""Campaigns on a Ray cluster: ``--cluster ADDRESS`` on `sim.fuzz`, `sim.mutants` and `sim.sweep`.
+"""Campaigns on a Ray cluster: ``--cluster ADDRESS`` on `sim.fuzz`, `sim.mutants` and `sim.sweep` (tasks)
+and on `sim.serve --chips K` (one actor per chip, `Cluster.actors`).
 
 The one module of the project that knows Ray (``pip install -e '.[cluster]'``). The commands import it
 only when ``--cluster`` is given, and it imports Ray only when a `Cluster` is entered: without the option
