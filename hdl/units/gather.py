@@ -6,7 +6,7 @@ rows of one page) is one contiguous external block, so GATHER is LD restarted on
 address looked up in the table, with the destination side untouched (response k still goes to
 ``spad + k``, exactly LD's ``dst + recvd``).
 
-Timing after the start edge E0 (one WAIT cycle per row below):
+Timing after the start edge E0, in WAIT cycles:
 
 * a run begins with two lookup cycles: L1 presents ``table + (row >> page_log2)`` on the scratchpad read
   port; in L2 the entry is in ``spad.rdata`` and is checked (row beyond the table, page outside the
