@@ -282,3 +282,49 @@ def test_halt_quiet_fails_on_a_chip_that_starts_the_unit_after_an_error_stop():
                         "            m.d.comb += go.eq(st == SeqState.ISSUE)")
     got = formal.prove(_gather_chip_target(mod), ["halt_quiet"], 11, formal.find_tools(), mode="bmc")
     assert got[0] == "FAIL", got
+
+
+def test_rst_clears_the_error_state():
+    """After an error stop the chip sits in HALT with error set; a reset clears error (and halted), and
+    the next run starts clean (hardware spec 2.2 with docs/resident.md)."""
+    from amaranth.hdl import ClockDomain, Module
+    from amaranth.sim import Simulator
+    from hdl.harness import ChipHarness
+    program, image, spad = bad_table_program("page")
+    h = ChipHarness(ext_words=2048, lat=LAT, backdoor=False, config=CFG)
+    top = Module()
+    top.domains.sync = cd = ClockDomain("sync")
+    top.submodules.h = h
+    sim = Simulator(top)
+    sim.add_clock(1e-6)
+    seen = {}
+
+    async def bench(ctx):
+        for i, w in enumerate(program):
+            ctx.set(h.rom.data[i], w)
+        for i, w in enumerate(image):
+            ctx.set(h.ext.data[i], w)
+        mem = h.chip.scratchpad.memory
+        for i, w in enumerate(spad):
+            if w:
+                ctx.set(mem.data[i], w)
+        ctx.set(cd.rst, 1)
+        await ctx.tick()
+        ctx.set(cd.rst, 0)
+        ctx.set(h.start, 1)
+        await ctx.tick()
+        ctx.set(h.start, 0)
+        for _ in range(200):
+            if ctx.get(h.halted):
+                break
+            await ctx.tick()
+        seen["stopped"] = [ctx.get(s) for s in (h.halted, h.error, h.error_kind, h.error_pc, h.error_info)]
+        ctx.set(cd.rst, 1)
+        await ctx.tick()
+        ctx.set(cd.rst, 0)
+        seen["reset"] = [ctx.get(s) for s in (h.halted, h.error, h.error_kind, h.error_pc, h.error_info)]
+
+    sim.add_testbench(bench)
+    sim.run()
+    assert seen["stopped"] == [1, 1, 2, 1, 8]
+    assert seen["reset"] == [0, 0, 0, 0, 0]
