@@ -150,7 +150,8 @@ class Engine:
     """
 
     def __init__(self, m, backend, max_batch=4, window=None, sinks=0, page=4, n_pages=64, prefix_cache=True,
-                 alloc="paged", contig_rows=None, watermark=1, lat=8, config: ChipConfig = BOOK, check=True):
+                 alloc="paged", contig_rows=None, watermark=1, lat=8, config: ChipConfig = BOOK, check=True,
+                 mode="book"):
         try:
             check_window(window)
             check_sinks(sinks, window)
@@ -161,13 +162,28 @@ class Engine:
                 raise EngineError(f"{name} must be an integer >= 1, got {v!r}")
         if alloc not in ("paged", "contiguous"):
             raise EngineError(f"alloc must be 'paged' or 'contiguous', got {alloc!r}")
+        if mode not in ("book", "resident"):
+            raise EngineError(f"mode must be 'book' or 'resident', got {mode!r}")
+        if mode == "resident" and alloc != "paged":
+            raise EngineError("resident mode keeps the cache in the chip's page pools: alloc must be 'paged'")
         if not isinstance(watermark, int) or watermark < 0:
             raise EngineError(f"watermark must be an integer >= 0, got {watermark!r}")
         self.m, self.max_batch, self.W, self.S = m, max_batch, window, sinks
         self.page, self.n_pages, self.alloc = page, n_pages, alloc
         self.prefix_cache = bool(prefix_cache) and alloc == "paged"
         self.contig_rows, self.watermark, self.config, self.check = contig_rows, watermark, config, check
-        self.runner = BatchRunner(m, backend, lat, config)
+        self.mode = mode
+        if mode == "resident":
+            from host.batch_resident import ResidentBatchRunner
+            if not config.gather:
+                raise EngineError(f"resident mode needs a chip with GATHER/SCATTER (gather=1); chip "
+                                  f"{config.spec()} has none (try --chip fast)")
+            try:
+                self.runner = ResidentBatchRunner(m, backend, lat, config, page, n_pages, max_batch)
+            except CompileError as exc:
+                raise EngineError(f"resident mode: {exc}") from None
+        else:
+            self.runner = BatchRunner(m, backend, lat, config)
         self.pt = PageTable(n_pages, page)
         self.cache: dict = {}          # hash -> (page, parent hash, tokens)
         self.children: dict = {}       # parent hash -> set of hashes
@@ -327,7 +343,8 @@ class Engine:
         self.waiting, self.running, self.done = [], [], []
         self.counter = self.preemptions = self.hit_rows = 0
         self.clock, self.step_no, self.trace = 0, 0, []
-        # the largest batch any step may form must fit the chip: refused now, before any work
+        # the largest batch any step may form must fit the chip: refused now, before any work (in resident
+        # mode each step's program is compiled when it comes; a failure is one EngineError)
         ctx_max = 1
         for s in pending:
             if self._refusal(s) is None:
@@ -335,7 +352,8 @@ class Engine:
                 ctx_max = max(ctx_max, max(sink_context(L, self.W, self.S) for L in range(1, rows + 1)))
         B = min(self.max_batch, len(reqs) or 1)
         try:
-            self.runner.program((ctx_max,) * B)
+            if self.mode == "book":
+                self.runner.program((ctx_max,) * B)
         except CompileError as exc:
             raise EngineError(f"a batch of {B} rows at context {ctx_max} does not fit the chip ({exc}): lower "
                               f"the batch size or the window") from None
@@ -380,17 +398,35 @@ class Engine:
                 batch.remove(victim)
         self._make_free(need)
         rows = []
+        extra = 0                       # cycles of chip-side page copies (resident mode)
         for s in batch:
+            if self.mode == "resident":
+                # the new row's slot first (a page, or the copy of a shared partly filled one); the step
+                # program GATHERs the attended rows and SCATTERs the new one through the block table
+                before, off = self.pt.table(s.req.id), s.pos % self.page
+                self.pt.append(s.req.id, None)
+                after = self.pt.table(s.req.id)
+                if off and before[-1] != after[-1]:
+                    extra += self.runner.copy_page(before[-1], after[-1], off)[0]
+                first = self.pt.first_row(s.req.id)
+                rows.append((s.tokens[s.pos], list(after),
+                             [(lo - first, hi - first) for lo, hi in sink_ranges(s.pos + 1, self.W, self.S)],
+                             s.pos - first))
+                continue
             kc, vc = [], []
             for lo, hi in sink_ranges(s.pos + 1, self.W, self.S):
                 for k, v in self.pt.rows(s.req.id, lo, hi):
                     kc.append(k)
                     vc.append(v)
             rows.append((s.tokens[s.pos], kc, vc))
-        results, counters, _ = self.runner.run(rows)
-        self.clock += counters[0]
+        try:
+            results, counters, _ = self.runner.run(rows)
+        except CompileError as exc:
+            raise EngineError(f"step {self.step_no}: {exc}") from None
+        self.clock += counters[0] + extra
         for s, res in zip(batch, results):
-            self.pt.append(s.req.id, (res["k"], res["v"]))
+            if self.mode == "book":
+                self.pt.append(s.req.id, (res["k"], res["v"]))
             s.computed_rows += 1
             s.prompt_rows += s.pos < len(s.req.prompt)
             if s.pos >= len(s.req.prompt) - 1:
@@ -419,7 +455,7 @@ class Engine:
             used = len(self.running) * -(-self.contig_rows // self.page)
         else:
             used = self.owned()
-        self.trace.append({"step": self.step_no, "rows": len(batch), "cycles": counters[0], "pages": used,
+        self.trace.append({"step": self.step_no, "rows": len(batch), "cycles": counters[0] + extra, "pages": used,
                            "cached": len(self.page_hash), "running": n_running})
 
     def _results(self, states) -> dict:
@@ -437,7 +473,8 @@ class Engine:
             out.append(d)
         return {"requests": out, "total_cycles": self.clock, "steps": self.trace,
                 "preemptions": self.preemptions, "prefix_hit_rows": self.hit_rows,
-                "programs_compiled": len(self.runner.progs)}
+                "programs_compiled": len(self.runner.progs),
+                "load_cycles": getattr(self.runner, "load_counters", [0])[0]}
 
 
 def check_invariants(e: Engine) -> None:

@@ -236,3 +236,27 @@ def test_a_batched_program_on_amaranths_simulator_equals_the_reference():
     assert ref.counters == P.counters(8)
     got = get_backend("amaranth").run(P.code, image, 8)
     assert first_difference(ref, got) is None
+
+
+# ---- resident mode (the chip keeps the weights and the pools; reference machine) ---------------------
+
+@pytest.mark.parametrize("kw", [dict(max_batch=3, window=4, sinks=1, page=2, n_pages=7),
+                                dict(max_batch=4, window=None, page=2, n_pages=9),
+                                dict(max_batch=2, window=None, page=4, n_pages=16)])
+def test_resident_serving_equals_book_mode_and_each_request_alone(kw):
+    from hdl.config import PRESETS
+    fast = PRESETS["fast"]
+    prompt = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3]
+    reqs = [Request(0, PREFIX[:5], 4, 0), Request(1, PREFIX[:6], 3, 0), Request(2, [2, 2], 5, 1),
+            Request(3, [9], 3, 2), Request(4, prompt, 3, 3), Request(5, prompt[:7] + [0], 2, 40)]
+    res = Engine(M, ReferenceMachine(config=fast), config=fast, mode="resident", **kw).run(reqs)
+    book = Engine(M, ReferenceMachine(config=fast), config=fast, **kw).run(reqs)
+    keys = ("tokens", "logits_int", "preempted", "prefix_hit_rows", "ttft_cycles")
+    assert [[r[k] for k in keys[:4]] for r in res["requests"]] == [[r[k] for k in keys[:4]] for r in book["requests"]]
+    assert res["total_cycles"] < book["total_cycles"]
+    _all_equal_alone(M, res, kw["window"], kw.get("sinks", 0))
+
+
+def test_resident_mode_needs_a_gather_chip():
+    with pytest.raises(EngineError, match="gather=1"):
+        Engine(M, ReferenceMachine(), mode="resident")

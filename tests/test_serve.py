@@ -68,6 +68,18 @@ def test_poisson_arrivals_are_served_and_timed_from_arrival(tmp_path, capsys):
     assert [st["step"] for st in doc["steps"]] == sorted({st["step"] for st in doc["steps"]})
 
 
+def test_resident_mode_serves_with_replays_identical(tmp_path, capsys):
+    path = tmp_path / "r.json"
+    status, out = _run(["serve", "--requests", "5", "--seed", "1", "--mode", "resident", "--chip", "fast",
+                        "--max-batch", "3", "--json", str(path)], capsys)
+    assert status == 0 and "replays alone: 5 of 5 requests identical" in out
+    doc = json.loads(path.read_text())
+    assert doc["mode"] == "resident" and doc["load_cycles"] > 0
+    assert doc["cycles_per_token"] == round(doc["total_cycles"] / doc["tokens_generated"], 1)
+    assert ga2.main(["serve", "--mode", "resident"]) == 2           # the book's chip has no GATHER
+    assert "gather=1" in capsys.readouterr().err
+
+
 def test_out_draws_throughput_and_pages(tmp_path, capsys):
     status, out = _run(["serve", "--requests", "3", "--seed", "1", "--out", str(tmp_path / "fig"), "--no-verify"],
                        capsys)

@@ -1,0 +1,211 @@
+"""Batched programs in resident mode (issue 14 on top of issue 13, docs/resident.md).
+
+The weights stay in the scratchpad (one load program per session) and the KV cache stays in the chip's two
+page pools: each row of a batch GATHERs its cached rows through its own block table and SCATTERs its new
+k/v row into its page slot. The host writes only the mailbox: the B input rows x, the block tables of the
+B rows one after the other, and a zero row (the ``zk``/``zv`` inputs of `host.batch.build_batch_graph`).
+The graph, the universal calibration and so every integer are those of `host.batch`: a request served in
+resident mode gives what it gives in book mode and alone (`host.engine.decode_alone`).
+"""
+from __future__ import annotations
+
+import dataclasses
+
+from compiler import CompileError, compile_graph, readback
+from compiler.resident import (check_row_round_trip, check_same_weights, compile_load, compile_page_copy,
+                               plan_layout)
+from hdl import isa
+from hdl.arith import u32
+from hdl.config import BOOK, ChipConfig
+from host.batch import _dummy_sample, _model_key, build_batch_graph, universal_ranges
+from host.tiny_lm import D, V
+
+__all__ = ["ResidentBatchRunner"]
+
+
+def _quantize_row(row, scale):
+    from compiler.image import quantize_matrix
+    return quantize_matrix([list(row)], scale)[0]
+
+
+class ResidentBatchRunner:
+    """Runs batched steps of the resident session of one chip.
+
+    Parameters
+    ----------
+    m : dict
+    backend : object
+        ``run(code, image, lat, scratchpad=words)``.
+    lat : int
+    config : hdl.config.ChipConfig
+        ``gather`` must be 1.
+    page, n_pages : int
+        The pools' geometry (``page`` a power of two).
+    max_batch : int
+        Rows per program at most (sizes the mailbox).
+
+    Attributes
+    ----------
+    load_counters : list
+        The load program's five counters.
+    """
+
+    def __init__(self, m, backend, lat, config: ChipConfig, page: int, n_pages: int, max_batch: int,
+                 table_cap: int = 128):
+        self.m, self.backend, self.lat, self.config = m, backend, lat, config
+        self.ranges = universal_ranges(m)
+        one = build_batch_graph(m, (1,))
+        base = plan_layout(one, config, page, n_pages, table_cap)
+        B = max_batch
+        # the mailbox for B rows: x (B x D), a zero row, the tables, tok (B), logits (B x V)
+        zero = B * D
+        table_ext = zero + D
+        tok = table_ext + table_cap
+        logits = tok + B
+        staging = logits + B * V
+        k_base = staging + base.weight_words()
+        v_base = k_base + base.pool_words
+        need = v_base + base.pool_words
+        if need > config.ext_words:
+            raise CompileError(f"resident serving needs {need} external words (pools of {n_pages} pages of "
+                               f"{page} rows, a mailbox for {B} rows); the chip has ext_words={config.ext_words}")
+        self.layout = dataclasses.replace(base, x_addr=0, table_ext=table_ext, tok_addr=tok, logits_addr=logits,
+                                          staging=staging, k_base=k_base, v_base=v_base, ext_needed=need)
+        self.zero_addr, self.max_batch = zero, B
+        self.progs: dict = {}
+        self._key = (_model_key(m), config.key())
+        first = self._compile((1,), [(0, 1, [], 0)])
+        load = compile_load(self.layout, first)
+        self.weights = load.weights
+        image = [0] * config.ext_words
+        for a, w in load.writes.items():
+            image[a] = w
+        result = backend.run(load.code, image, lat)
+        self._check(result, "the load program")
+        self._ext, self._spad = list(result.ext), list(result.scratchpad)
+        self.load_counters = [int(c) for c in result.counters]
+
+    def _check(self, result, what):
+        if getattr(result, "error", None) is not None:
+            raise CompileError(f"{what}: the chip stopped with its error state ({result.error})")
+
+    def _compile(self, ctxs, specs):
+        """`specs[j]` = (table offset, table length, [(lo, hi) relative rows gathered], new row) of row j."""
+        lay, cfg = self.layout, self.config
+        g = build_batch_graph(self.m, ctxs)
+        placed = {name: addr for name, (addr, _) in lay.weights.items()}
+        P = compile_graph(g, [_dummy_sample(g)], ranges=self.ranges, ext_words=cfg.ext_words, config=cfg,
+                          placed=placed, spad_limit=lay.spad_limit)
+        check_row_round_trip(P)
+        if getattr(self, "weights", None) is not None:
+            check_same_weights(self.weights, P, f"the batch program {ctxs}")
+        e = P.ext_map
+        total_table = sum(s[1] for s in specs)
+        if total_table > lay.table_cap:
+            raise CompileError(f"the batch's block tables hold {total_table} pages, the mailbox {lay.table_cap}")
+        instrs, notes = [], []
+
+        def put(ins, note):
+            instrs.append(ins)
+            notes.append(note)
+
+        def common(j):
+            off, n, _, _ = specs[j]
+            return dict(table=lay.table_addr + off, table_len=n, page_log2=lay.page_log2, row_log2=lay.row_log2,
+                        pool_pages=lay.pool_pages)
+        put(isa.ld(lay.table_addr, lay.table_ext, total_table), "load the block tables (mailbox)")
+        by_addr = {ent.address: name for name, ent in e.items()}
+        for ins, note in zip(P.instrs, P.notes):
+            o = isa.operands(ins)
+            if o["op"] == isa.Op.LD:
+                name = by_addr.get(o["src"])
+                if name == "x":
+                    put(isa.ld(o["dst"], lay.x_addr, o["len"]), "load x (mailbox)")
+                elif name in ("zk", "zv"):
+                    put(isa.ld(o["dst"], self.zero_addr, o["len"]), f"load {name} (the mailbox's zero row)")
+                elif name and name[:2] in ("kc", "vc"):
+                    j = int(name[2:])
+                    pool = lay.k_base if name[0] == "k" else lay.v_base
+                    dst = o["dst"]
+                    for lo, hi in specs[j][2]:
+                        put(isa.gather(dst, base=pool, lo=lo, hi=hi, **common(j)), f"gather {name} rows {lo}..{hi - 1}")
+                        dst += (hi - lo) * D
+                else:
+                    raise CompileError(f"batch program: unexpected load {isa.describe(ins)} ({note})")
+            elif o["op"] == isa.Op.ST:
+                name = by_addr.get(o["dst"])
+                if name == "tok":
+                    put(isa.st(o["src"], lay.tok_addr, o["len"]), "store tok (mailbox)")
+                elif name == "logits":
+                    put(isa.st(o["src"], lay.logits_addr, o["len"]), "store logits (mailbox)")
+                elif name in ("k_new", "v_new"):
+                    pool = lay.k_base if name == "k_new" else lay.v_base
+                    for j, spec in enumerate(specs):
+                        r = spec[3]
+                        put(isa.scatter(o["src"] + j * D, base=pool, lo=r, hi=r + 1, **common(j)),
+                            f"scatter row {j}'s {name} into row {r}")
+                else:
+                    raise CompileError(f"batch program: unexpected store {isa.describe(ins)} ({note})")
+            else:
+                put(ins, note)
+        code = [isa.encode(i) for i in instrs]
+        try:
+            isa.validate_program(code, cfg.ext_words, cfg=cfg)
+        except isa.IsaError as err:
+            raise CompileError(f"the resident batch program is not legal for the chip: {err}") from None
+        ext_map = {"x": dataclasses.replace(e["x"], address=lay.x_addr),
+                   "tok": dataclasses.replace(e["tok"], address=lay.tok_addr),
+                   "logits": dataclasses.replace(e["logits"], address=lay.logits_addr)}
+        return dataclasses.replace(P, code=code, instrs=instrs, notes=notes, ext_map=ext_map,
+                                   ext_words=lay.ext_needed, ext_size=cfg.ext_words)
+
+    def _run(self, code, writes, what):
+        for a, w in writes.items():
+            self._ext[a] = w
+        result = self.backend.run(code, self._ext, self.lat, scratchpad=self._spad)
+        self._ext, self._spad = list(result.ext), list(result.scratchpad)
+        self._check(result, what)
+        return result
+
+    def copy_page(self, old: int, new: int, rows: int) -> list:
+        """Copy-on-write on the chip: rows [0, rows) of page `old` into page `new` (both pools)."""
+        lay = self.layout
+        r = self._run(compile_page_copy(lay, rows), {lay.table_ext: old, lay.table_ext + 1: new}, "a page copy")
+        return [int(c) for c in r.counters]
+
+    def run(self, rows):
+        """`rows`: list of ``(token, table, gathered, new_row)``: the row's block table (pages, None for a
+        hole), the relative row ranges it attends and the relative row its new k/v goes to. Returns
+        ``(results, counters, program)`` like `host.batch.BatchRunner.run` (``k``/``v`` are None: the rows
+        stay in the pools)."""
+        order = sorted(range(len(rows)), key=lambda i: -sum(hi - lo for lo, hi in rows[i][2]))
+        ctxs = tuple(1 + sum(hi - lo for lo, hi in rows[i][2]) for i in order)
+        if max(ctxs) > self.config.mm_max_k:
+            raise CompileError(f"a row attends {max(ctxs)} tokens, more than the chip's {self.config.mm_max_k}")
+        specs, off = [], 0
+        for i in order:
+            _, table, gathered, new_row = rows[i]
+            specs.append((off, len(table), list(gathered), new_row))
+            off += len(table)
+        key = (ctxs, tuple((s[1], tuple(s[2]), s[3]) for s in specs))
+        if key not in self.progs:
+            self.progs[key] = self._compile(ctxs, specs)
+        P = self.progs[key]
+        lay = self.layout
+        xs = P.graph.nodes[P.ext_map["x"].node]
+        q = _quantize_row([v for i in order for v in self.m["E"][rows[i][0]]], P.scales[xs.id])
+        writes = {lay.x_addr + k: u32(v) for k, v in enumerate(q)}
+        for k in range(D):
+            writes[self.zero_addr + k] = 0
+        t = lay.table_ext
+        for i in order:
+            for p in rows[i][1]:
+                writes[t] = 0xFFFFFFFF if p is None else p
+                t += 1
+        result = self._run(P.code, writes, f"the batch {ctxs}")
+        out = readback(P, result.ext)
+        res = [None] * len(rows)
+        for j, i in enumerate(order):
+            res[i] = {"tok": int(out["tok"][0][j][0]), "logits_int": [int(v) for v in out["logits"][0][j]],
+                      "k": None, "v": None}
+        return res, [int(c) for c in result.counters], P
