@@ -142,7 +142,8 @@ def summary(res: dict) -> dict:
             "preemptions": res["preemptions"], "prefix_hit_rows": res["prefix_hit_rows"],
             "prompt_rows_computed": sum(r["prompt_rows_computed"] for r in done),
             "engine_steps": len(res["steps"]), "programs_compiled": res["programs_compiled"],
-            "cycles_per_token": round(total / tokens, 1) if tokens else 0.0, "load_cycles": res["load_cycles"]}
+            "cycles_per_token": round(total / tokens, 1) if tokens else 0.0, "load_cycles": res["load_cycles"],
+            "pages_owned_at_end": res["owned_at_end"], "pages_cached_at_end": res["cached_at_end"]}
 
 
 def serve(a, backend=None, max_batch=None, progress=None) -> dict:
@@ -159,6 +160,7 @@ def serve(a, backend=None, max_batch=None, progress=None) -> dict:
                contig_rows=a.prompt_len[1] + a.gen_len[1] - 1,
                lat=cfg.lat if a.lat is None else a.lat, config=cfg, mode=a.mode)
     res = e.run(reqs, progress=progress)
+    res["owned_at_end"], res["cached_at_end"] = e.owned(), len(e.page_hash)
     res["model"] = m
     return res
 
@@ -303,6 +305,8 @@ def main(argv=None, out=None) -> int:
           f"{s['peak_running']}; preemptions {s['preemptions']}; prefix-cache hit rows {s['prefix_hit_rows']}; "
           f"prompt rows computed {s['prompt_rows_computed']}; {s['engine_steps']} engine steps, "
           f"{s['programs_compiled']} programs compiled", file=out)
+    print(f"at the end: {s['pages_owned_at_end']} pages owned by requests, {s['pages_cached_at_end']} cached (the "
+          f"invariants held after every engine step)", file=out)
     status = 0
     if not a.no_verify:
         runner = BatchRunner(m, ReferenceMachine(config=a.chip), cfg_lat(a), a.chip)

@@ -25,6 +25,7 @@ def test_json_fields_and_every_replay_cmd_reproduces_its_request(tmp_path, capsy
                 "prefix_hit_rows", "prompt_rows_computed", "max_batch", "mode", "chip"):
         assert key in doc, key
     assert (doc["max_batch"], doc["mode"], doc["chip"]) == (3, "book", "book")
+    assert doc["pages_owned_at_end"] == 0
     assert doc["tokens_generated"] == sum(len(r["tokens"]) for r in doc["requests"])
     for r in doc["requests"]:
         for key in ("id", "prompt", "tokens", "logits_int", "ttft_cycles", "finish_cycles", "preempted",
