@@ -18,7 +18,8 @@ POISON = 0xDEADBEEF     # what a read past the end returns
 # shift register is the faster of the two at every LAT (one signal a cycle; the buffer costs a memory
 # write and read), but the simulator writes the register's constants in decimal, and Python refuses
 # integers of more decimal digits than its int_max_str_digits: 4300 by default (LAT 433 is the last that
-# works) and as few as 640 when a user lowers it (LAT 65). Up to 64 works under every setting.
+# works) and as few as 640 when a user lowers it (LAT 65). Up to 64 works under every setting. Measured:
+# the buffer at LAT 8 costs 10-15% more CPU on a 6-step pysim decode.
 SHIFT_MAX_LAT = 64
 
 
@@ -109,7 +110,7 @@ class ExtMemory(wiring.Component):
         m.submodules.memory = mem = self.memory
         aw = max(1, (self._depth - 1).bit_length())
         # read path, write path and backdoor in separate submodules: a simulator then re-evaluates
-        # each one only when its own inputs change
+        # each one only when its own inputs change (flattened: 4-7% more CPU on a 6-step pysim decode)
         m.submodules.rd = rdm = Module()
         m.submodules.wr = wrm = Module()
 

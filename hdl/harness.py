@@ -133,7 +133,7 @@ class ChipHarness(wiring.Component):
         m.submodules.rom = rom = self.rom
 
         # Small submodules, grouped by how often their signals change, keep the simulator from
-        # re-evaluating all the wiring every cycle.
+        # re-evaluating all the wiring every cycle (flattened: 4-6% more CPU on a 6-step pysim decode).
         m.submodules.fetch = fw = Module()
         m.submodules.rdbus = rw = Module()
         m.submodules.wrbus = ww = Module()

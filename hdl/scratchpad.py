@@ -144,11 +144,8 @@ class Scratchpad(wiring.Component):
         wr = self.memory.write_port()
         # transparent_for=() : the read port does not forward the same-edge write (read-before-write).
         rd = self.memory.read_port(transparent_for=())
-        # The two directions in separate submodules: a simulator then re-evaluates the input side when
-        # the addresses move and the output side when the read data does, each alone.
-        m.submodules.ports_in = ports_in = Module()
         p = self.port
-        ports_in.d.comb += [
+        m.d.comb += [
             wr.en.eq(p.we),
             wr.addr.eq(p.waddr),
             wr.data.eq(p.wdata),
@@ -157,6 +154,6 @@ class Scratchpad(wiring.Component):
         m.d.comb += p.rdata.eq(rd.data)
         for j in range(self._reads - 1):
             rd_x = self.memory.read_port(domain="sync", transparent_for=())    # like port 0
-            ports_in.d.comb += rd_x.addr.eq(p.raddr_x[j])
+            m.d.comb += rd_x.addr.eq(p.raddr_x[j])
             m.d.comb += p.rdata_x[j].eq(rd_x.data)
         return m

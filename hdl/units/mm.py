@@ -102,14 +102,6 @@ class MatrixUnit(SpadUnit):
         else:
             last_k, last_n = ki + L >= K, ni + L >= N
 
-        # The combinational logic in submodules, so that a simulator re-evaluates each only when its own
-        # inputs move: staging writes (LA, LB; the data, which follows spad.rdata, apart from the address and
-        # enables, which follow the counters), the skewed feed (RUN), the result port (OUT).
-        m.submodules.stage = stage = Module()
-        m.submodules.stage_data = stage_data = Module()
-        m.submodules.feed = feed = Module()
-        m.submodules.result = result = Module()
-
         # Operand memories: written while staging, read at k = (t - i) mod row_depth while running.
         # Word j of a group (read port j) carries element k_d + j of A's row, or column n_d + j of B's
         # k; n_d is a multiple of L, so B lane i always takes word i mod L.
@@ -118,17 +110,17 @@ class MatrixUnit(SpadUnit):
         for lane in range(2 * n_arr):
             for sub in range(L):
                 word = sub if lane < n_arr else (lane - n_arr) % L
-                stage_data.d.comb += wr.data[lane * L + sub].eq(staged[word])
-        stage.d.comb += wr.addr.eq(k_d >> lg_load)
+                m.d.comb += wr.data[lane * L + sub].eq(staged[word])
+        m.d.comb += wr.addr.eq(k_d >> lg_load)
         if L == 1:
             for i in range(n_arr):
-                feed.d.comb += rd[i].addr.eq(t - i)
+                m.d.comb += rd[i].addr.eq(t - i)
             fed = [(rd[i].data[i], rd[i].data[n_arr + i]) for i in range(n_arr)]
         else:
             fed = []
             for i in range(n_arr):
                 k_i = Signal(range(cfg.row_depth), name=f"k_feed{i}")
-                feed.d.comb += [k_i.eq(t - i), rd[i].addr.eq(k_i >> lg_load)]
+                m.d.comb += [k_i.eq(t - i), rd[i].addr.eq(k_i >> lg_load)]
                 sub = k_i[:lg_load]
                 fed.append((rd[i].data.as_value().word_select(i * L + sub, 8).as_signed(),
                             rd[i].data.as_value().word_select((n_arr + i) * L + sub, 8).as_signed()))
@@ -137,14 +129,14 @@ class MatrixUnit(SpadUnit):
         running = Signal()
         for i in range(n_arr):
             in_k = (t < K) if i == 0 else (t >= i) & (t - i < K)
-            feed.d.comb += [
+            m.d.comb += [
                 array.a_edge[i].eq(Mux(running & (i < M) & in_k, fed[i][0], 0)),
                 array.b_edge[i].eq(Mux(running & (i < N) & in_k, fed[i][1], 0)),
             ]
 
         # PE(m, n)'s accumulator is c[m * n_arr + n]: the low log2(n_arr) bits of each counter.
         lg = (n_arr - 1).bit_length()
-        result.d.comb += [
+        m.d.comb += [
             self.spad.waddr.eq(oaddr),
             self.spad.wdata.eq(array.c[Cat(ni[:lg], mi[:lg])] if lg else array.c[0]),
         ]
@@ -221,23 +213,23 @@ class MatrixUnit(SpadUnit):
 
         # Row m of A goes to A memory m, element (k, n) of B to B memory n, both at address k.
         if L == 1:
-            stage.d.comb += wr.en.eq(Cat(
+            m.d.comb += wr.en.eq(Cat(
                 Cat(fsm.ongoing("LA") & v & (m_d == i) for i in range(n_arr)),
                 Cat(fsm.ongoing("LB") & v & (n_d == i) for i in range(n_arr)),
             ))
         else:
             # A group of A writes the elements k_d .. k_d+L-1 (those below K) of lane m_d; a group of
             # B writes element k_d mod L of lanes n_d .. n_d+L-1 (n_d a multiple of L).
-            stage.d.comb += wr.en.eq(Cat(
+            m.d.comb += wr.en.eq(Cat(
                 Cat(fsm.ongoing("LA") & v & (m_d == i) & (k_d + s < K) for i in range(n_arr) for s in range(L)),
                 Cat(fsm.ongoing("LB") & v & (n_d == i // L * L) & (k_d[:lg_load] == s)
                     for i in range(n_arr) for s in range(L)),
             ))
             # Read port j+1 reads element j+1 of the group: step 1 along A's row, B's n step otherwise.
             step_x = Mux(fsm.ongoing("LB") & tb, ldb, 1)
-            stage.d.comb += [self.spad.raddr_x[j].eq(ptr + (j + 1) * step_x) for j in range(L - 1)]
-        feed.d.comb += running.eq(fsm.ongoing("RUN"))
-        result.d.comb += self.spad.we.eq(fsm.ongoing("OUT"))
+            m.d.comb += [self.spad.raddr_x[j].eq(ptr + (j + 1) * step_x) for j in range(L - 1)]
+        m.d.comb += running.eq(fsm.ongoing("RUN"))
+        m.d.comb += self.spad.we.eq(fsm.ongoing("OUT"))
 
         self.check_protocol(m, opr)
         return m
