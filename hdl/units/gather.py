@@ -49,6 +49,9 @@ ISOLATION_PROPERTIES = {
     "isolation": "every external request (GATHER) or write (SCATTER) lies in the pool page named by the "
                  "last entry read, in L2, from the table word of an index below table_len; and that "
                  "entry is below pool_pages",
+    "walk": "in MOVE the external address register is the current row and word's address in the page "
+            "looked up (the entry below pool_pages, from the table), the word inside its row: the "
+            "invariant that makes isolation inductive",
 }
 
 
@@ -168,13 +171,15 @@ class TableWalk:
             with m.State("STOP"):
                 stop()
 
-    def check_isolation(self, valid, addr):
+    def check_isolation(self, valid, addr, reg):
         """The isolation property (`ISOLATION_PROPERTIES`) as an Assert: when `valid`, the external
         address `addr` lies inside the pool page of the entry looked up last, which must have come from
         the table word of an index below table_len and be below pool_pages.
 
         The monitor keeps its own copy of what L2 saw (the entry and whether the address read in L1 was
         the table word of an index inside the table); it does not trust the unit's address arithmetic.
+        The `walk` property states that `reg`, the unit's address register in MOVE, is the address the
+        doc gives the current row and word (so that isolation follows by induction).
         """
         m, u, opr = self.m, self.unit, self.opr
         cfg = u.config
@@ -190,8 +195,14 @@ class TableWalk:
         first = (opr.base + (page[:cfg.ext_addr_bits] << shift))[:cfg.ext_addr_bits]
         offset = (addr - first)[:cfg.ext_addr_bits]
         inside = offset < (Const(1, 1) << shift)
-        h.check("isolation", ~valid | (listed & (page < opr.pool_pages) & inside),
-                ISOLATION_PROPERTIES["isolation"])
+        good = listed & (page < opr.pool_pages)
+        h.check("isolation", ~valid | (good & inside), ISOLATION_PROPERTIES["isolation"])
+        row_mask = (Const(1, 1) << opr.row_log2) - 1
+        page_mask = (Const(1, 1) << opr.page_log2) - 1
+        in_pool = (page[:cfg.ext_addr_bits] << opr.page_log2) | (self.row & page_mask)
+        want = (opr.base + (in_pool << opr.row_log2) + self.word)[:cfg.ext_addr_bits]
+        h.check("walk", ~self.fsm.ongoing("MOVE") | (good & (reg == want) & (self.word <= row_mask)),
+                ISOLATION_PROPERTIES["walk"])
 
 
 class GatherUnit(SpadUnit):
@@ -270,5 +281,5 @@ class GatherUnit(SpadUnit):
         walk.control(start_extra=[issued.eq(0), recvd.eq(0)], found=[src.eq(walk.pool_addr)],
                      move=move, stop_entry=[tail.eq(cfg.lat)], end=end, stop=stop)
         self.check_protocol(m, opr)
-        walk.check_isolation(self.req_valid, self.req_addr)
+        walk.check_isolation(self.req_valid, self.req_addr, src)
         return m

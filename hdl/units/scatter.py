@@ -70,5 +70,5 @@ class ScatterUnit(StoreUnit):
         walk.control(start_extra=[issued.eq(0)], found=[dst.eq(walk.pool_addr)], move=move,
                      stop_entry=[], end=finish_now, stop=finish_now)
         self.check_protocol(m, opr)
-        walk.check_isolation(self.wr_valid, self.wr_addr)
+        walk.check_isolation(self.wr_valid, self.wr_addr, dst)
         return m
