@@ -165,6 +165,19 @@ def _answers(text: str, timeout: float = 5.0) -> str | None:
         return e.strerror or str(e) or type(e).__name__
 
 
+def _by_name(obj):
+    """`obj` (a function or class) as its importable module holds it: a command run as ``python -m sim.X``
+    defines its functions in ``__main__``, which a worker cannot import, and pickling them by value drags in
+    the module's globals (locks among them); the same object from ``sim.X`` is pickled by name."""
+    if getattr(obj, "__module__", None) != "__main__":
+        return obj
+    spec = getattr(sys.modules["__main__"], "__spec__", None)
+    if spec is None or not spec.name or spec.name == "__main__":
+        return obj
+    import importlib
+    return getattr(importlib.import_module(spec.name), obj.__qualname__, obj)
+
+
 def _first_line(e: BaseException) -> str:
     text = str(e).strip()
     return text.splitlines()[0] if text else type(e).__name__
@@ -260,6 +273,7 @@ class Cluster:
         """
         ray = self._ray
         from ray import cloudpickle
+        fn = _by_name(fn)
         arglist = [tuple(a) for a in arglist]
         n = len(arglist)
         self._maps += 1
@@ -285,16 +299,24 @@ class Cluster:
                         i = pending.pop(ref)
                         ready[i] = self._result(ref, i, label)
                     while done in ready:
-                        yield ready.pop(done)
+                        result = ready.pop(done)
                         done += 1
                         bar(done, n)
+                        if done == n:   # reported before the last result: a consumer may stop at it (zip)
+                            self._report(run, n, label, t0)
+                        yield result
             finally:
                 for ref in pending:     # a failed task or an interrupt: the rest would only load the cluster
                     try:
                         ray.cancel(ref)
                     except Exception:   # noqa: BLE001 - already finished or gone: nothing to cancel
                         pass
-        counts = {k[1]: v for k, v in ray.get(self._ledger.counts.remote()).items() if k[0] == run}
+        if n == 0:
+            self._report(run, n, label, t0)
+
+    def _report(self, run: int, n: int, label: str, t0: float) -> None:
+        """The ``cluster:`` line of map number `run`: its tasks, attempts and retried tasks."""
+        counts = {k[1]: v for k, v in self._ray.get(self._ledger.counts.remote()).items() if k[0] == run}
         attempts = sum(counts.values())
         retried = sorted(i for i, c in counts.items() if c > 1)
         self.tasks += n
@@ -316,7 +338,7 @@ class Cluster:
         """
         ray = self._ray
         t0 = time.monotonic()
-        remote = ray.remote(cls).options(num_cpus=1, name=None)
+        remote = ray.remote(_by_name(cls)).options(num_cpus=1)
         handles = [remote.remote(*args) for args in init_args]
         refs = [getattr(h, method).remote(*args) for h, args in zip(handles, call_args)]
         out = []

@@ -119,7 +119,7 @@ def _descendants(pid: int) -> list[int]:
     return out
 
 
-def _kill_tree(proc: subprocess.Popen, grace: float = 15.0) -> None:
+def _kill_tree(proc: subprocess.Popen, grace: float = 3.0) -> None:
     """End `proc` (started here, in its own session) and everything it started, by process id."""
     below = _descendants(proc.pid)
     with contextlib.suppress(ProcessLookupError):
