@@ -224,8 +224,9 @@ def test_a_killed_worker_costs_a_retry_not_the_campaign(local_summary):
 
 
 def test_without_cluster_ray_is_not_imported():
-    code = ("import sys; from sim import fuzz, mutants, sweep\n"
-            "for m in (fuzz, mutants, sweep): m.build_parser().parse_args(['--out', '/tmp'] if m is sweep else [])\n"
+    code = ("import sys; from sim import fuzz, mutants, serve, sweep\n"
+            "for m in (fuzz, mutants, serve, sweep): m.build_parser().parse_args(['--out', '/tmp'] if m is sweep else [])\n"
+            "assert serve.main(['--requests', '2', '--chips', '2', '--no-verify'], out=open('/dev/null', 'w')) == 0\n"
             "print('ray' in sys.modules)")
     p = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
                        env=dict(os.environ, PYTHONPATH=str(ROOT)))
