@@ -12,8 +12,8 @@ __all__ = ["check_int", "check_pow2"]
 def check_int(owner, name, value, minimum):
     """Return `value` if it is an int (not a bool) of at least `minimum`; raise otherwise.
 
-    `owner` is the component (or signature) being built, None for none; only the message names it
-    indirectly, through `name`.
+    `owner` is the object being built (None for none). It is not used any more (the checks used to mark
+    a rejected component as used, through an Amaranth private attribute); the call sites keep passing it.
     """
     if not isinstance(value, int) or isinstance(value, bool):
         raise TypeError(f"{name} must be an integer, not {value!r}")
