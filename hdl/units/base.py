@@ -103,31 +103,20 @@ class Unit(wiring.Component):
         ``busy`` is driven as "the FSM is not in IDLE", and ``done`` is low after every edge that does
         not `finish`. In IDLE a unit waits for ``start`` and then calls `begin` and leaves IDLE.
         """
-        self._busy_from_fsm = True
         self.done_pulse(m)
         with m.FSM(name=f"{self.OP.name.lower()}_state") as fsm:
             yield fsm
         m.d.comb += self.busy.eq(~fsm.ongoing("IDLE"))
 
     def begin(self, m, opr):
-        """At E0 (under ``start`` in IDLE): latch the operands into `opr`.
-
-        A unit whose control is not `control` (its own FSM) also raises the ``busy`` register here.
-        """
+        """At E0 (under ``start`` in IDLE): latch the operands into `opr`."""
         m.d.sync += opr.eq(operand_bits(self.ins, self.OP))
-        if not getattr(self, "_busy_from_fsm", False):
-            m.d.sync += self.busy.eq(1)
 
     def finish(self, m):
-        """The last working edge: pulse done (cleared by `done_pulse` one edge later) and go to IDLE.
-
-        A unit whose control is not `control` drops its ``busy`` register here instead.
-        """
+        """The last working edge (inside a state of `control`): pulse done, cleared by `done_pulse` one
+        edge later, and go back to IDLE."""
         m.d.sync += self.done.eq(1)
-        if getattr(self, "_busy_from_fsm", False):
-            m.next = "IDLE"
-        else:
-            m.d.sync += self.busy.eq(0)
+        m.next = "IDLE"
 
     def stream(self, m, i, j, v, n, last, each=None):
         """The read skeleton: element i's address goes out now, its word is in ``spad.rdata`` next cycle.
