@@ -402,7 +402,7 @@ def validate_program(words, ext_words: int | None = None, cfg: ChipConfig = BOOK
 
 def mm_busy_cycles(M: int, K: int, N: int, cfg: ChipConfig) -> int:
     """WAIT cycles B of one MM of M x K times K x N on the chip `cfg` (the timing contract of
-    hdl/unit_mm.py).
+    hdl/units/mm.py).
 
     With L = ``cfg.mm_load`` operand elements staged per cycle::
 

@@ -63,13 +63,17 @@ def address(text: str) -> str:
 address.__name__ = "cluster address"
 
 
+# the largest --workers taken (a sanity bound on a typo, not a Ray limit)
+MAX_WORKERS = 1 << 12
+
+
 def cluster_option(parser: argparse.ArgumentParser, what: str) -> None:
     """Add ``--cluster ADDRESS`` and ``--workers N`` to a command; `what` says what becomes a task."""
     parser.add_argument("--cluster", type=address, default=None, metavar="ADDRESS",
                         help=f"run the work as Ray tasks ({what}): 'local' starts Ray on this machine, HOST:PORT "
                              "joins a cluster whose head ran `ray start --head --port PORT`, ray://HOST:PORT joins "
                              "through the Ray client; needs pip install -e '.[cluster]' (default: none, no Ray)")
-    parser.add_argument("--workers", type=int_range(1, 4096), default=None, metavar="N",
+    parser.add_argument("--workers", type=int_range(1, MAX_WORKERS), default=None, metavar="N",
                         help="with --cluster: tasks at once (CPUs of a local runtime; a cap on an existing "
                              "cluster) (default: every CPU)")
 
