@@ -38,7 +38,7 @@ CUR_NONE = 15       # `cur` when no unit owns the scratchpad
 # other opcode's class is `hdl.isa.COUNTER_OF`'s.
 ILLEGAL_COUNTER = "vec"
 
-# The chip's properties (hdl/properties.py), by name, with the statement sim.formal prints.
+# The chip's properties (hdl/properties.py), by name, with the statement sim.verify.formal prints.
 CHIP_PROPERTIES = {
     "owner_writes": "only the unit named by cur writes the scratchpad, and no unit raises we without it",
     "dma_in_range": "LD writes only inside [dst, dst+len) (mod the scratchpad depth) of the LD in the instruction register",

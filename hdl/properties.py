@@ -14,7 +14,7 @@ from amaranth.hdl import Assert, ResetSignal, Signal, Value
 __all__ = ["History", "unit_protocol", "UNIT_PROPERTIES"]
 
 # The start/busy/done contract that every unit (the seven of hdl/units/ and the LD engine) obeys,
-# by property name; the text is the one-line statement printed by sim.formal and used in the message.
+# by property name; the text is the one-line statement printed by sim.verify.formal and used in the message.
 UNIT_PROPERTIES = {
     "done_ends_busy": "done only in the cycle after a busy one, with busy low (never while idle)",
     "busy_drops_with_done": "busy falls only together with a done pulse",

@@ -185,7 +185,7 @@ class BatchRunner:
     m : dict
         The tiny LM.
     backend : object
-        ``run(code, image, lat)`` (e.g. ``sim.reference.ReferenceMachine``).
+        ``run(code, image, lat)`` (e.g. ``sim.backends.reference.ReferenceMachine``).
     lat : int
     config : hdl.config.ChipConfig
 

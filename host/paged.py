@@ -158,7 +158,7 @@ class PagedChip:
         ``pages = None``); both must give identical integers.
     backend : object or None
         Runs a program: ``backend.run(code, image, lat)`` returns a result with ``.ext`` and ``.counters``
-        (e.g. ``sim.reference.ReferenceMachine()``). The host never imports a simulator itself.
+        (e.g. ``sim.backends.reference.ReferenceMachine()``). The host never imports a simulator itself.
     lat : int
         External-memory read latency handed to the backend.
     config : hdl.config.ChipConfig
@@ -254,7 +254,7 @@ class PagedChip:
         check_decode(n, self.W, self.page, self.n_pages, paged=self.paged, config=self.config)
         if self.backend is None:
             raise HostError("no backend: pass backend=... (an object with run(code, image, lat), "
-                            "e.g. sim.reference.ReferenceMachine())")
+                            "e.g. sim.backends.reference.ReferenceMachine())")
         E = self.m["E"]
         pt = PageTable(self.n_pages, self.page) if self.paged else None
         if self.paged:

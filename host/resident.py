@@ -47,7 +47,7 @@ class ResidentChip:
         Start tokens of the calibration decodes.
     backend : object
         ``backend.run(code, image, lat, scratchpad=words)`` returning a result with ``ext``,
-        ``scratchpad``, ``counters`` and ``error`` (``sim.backend``); never imported here.
+        ``scratchpad``, ``counters`` and ``error`` (``sim.backends``); never imported here.
     lat : int
         External read latency handed to the backend.
     config : hdl.config.ChipConfig

@@ -4,7 +4,7 @@
 
 The workload is the paged decode (host.paged, window 4, 32 steps by default): its programs and images
 are recorded once on the reference machine, then replayed on each backend, whose results must equal the
-reference's. ``--random`` (or a missing host.paged) uses random programs from sim.progen of about the
+reference's. ``--random`` (or a missing host.paged) uses random programs from sim.verify.progen of about the
 same total cycles instead. Prints per backend: wall time, cycles simulated per second, and the ratio of
 its wall time to the reference machine's. Verilator's build is done (or found in the cache) beforehand
 and reported apart; its in-model rate counts only the edges from start to halt.
@@ -15,7 +15,7 @@ import random
 import sys
 import time
 
-from sim.backend import MAX_LAT, BackendUnavailable, SimError, first_difference, get_backend
+from sim.backends import MAX_LAT, BackendUnavailable, SimError, first_difference, get_backend
 from sim.cli import Parser, Progress, UsageError, chip_option, guarded, int_range, window
 
 from host.paged import MAX_CONTEXT     # the book's context limit: the decode's steps without a window
@@ -66,9 +66,9 @@ def resident_jobs(window, steps: int, lat: int = 8, start: int = 0, config=None)
 
 
 def random_jobs(total_cycles: int, seed: int = 1, ext: int = 8192, lat: int = 8, config=None):
-    """Random programs (sim.progen, drawn for the book's limits) until their reference cycle count on the
+    """Random programs (sim.verify.progen, drawn for the book's limits) until their reference cycle count on the
     chip `config` reaches `total_cycles`."""
-    from sim.progen import random_program
+    from sim.verify.progen import random_program
     ref = get_backend("reference", config=config)
     rng = random.Random(seed)
     jobs, cycles = [], 0
@@ -218,7 +218,7 @@ def compare_modes(window, steps: int, lat: int, config, out=None) -> dict:
 
 
 def build_parser() -> Parser:
-    from sim.backend import BACKENDS
+    from sim.backends import BACKENDS
     p = Parser("python -m sim.bench",
                "Run one workload (the paged decode, recorded once on the reference machine) on every asked "
                "simulator and report wall time, chip cycles per second and the ratio to the reference; every "
@@ -249,7 +249,7 @@ def build_parser() -> Parser:
 
 
 def main(argv=None) -> int:
-    from sim.backend import BACKENDS
+    from sim.backends import BACKENDS
     a = build_parser().parse_args(argv)
     sims = [s.strip() for s in a.sims.split(",") if s.strip()]
     bad = [s for s in sims if s not in BACKENDS]
@@ -287,7 +287,7 @@ def main(argv=None) -> int:
             print(f"(the decode is not available: {e}; using random programs)", file=sys.stderr)
     if what is None:
         jobs = random_jobs(231_792, ext=a.chip.ext_words, lat=a.lat, config=a.chip)
-        what = f"random programs (sim.progen, seed 1, EXT {a.chip.ext_words})"
+        what = f"random programs (sim.verify.progen, seed 1, EXT {a.chip.ext_words})"
     exts = sorted({len(job[1]) for job in jobs})
     print(f"workload: {what}: {len(jobs)} programs, EXT {'/'.join(map(str, exts))}, LAT {a.lat}, "
           f"chip {a.chip.spec()}")

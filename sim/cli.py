@@ -49,9 +49,9 @@ def user_errors() -> tuple[type[BaseException], ...]:
     from host.paged import HostError
     from host.pagetable import OutOfPages, PageTableError
     from host.window import WindowError
-    from sim.backend import SimError
+    from sim.backends import SimError
     from sim.cluster import ClusterError
-    from sim.hexfile import HexFileError
+    from sim.formats.hexfile import HexFileError
     return (UsageError, ChipSpecError, IsaError, SimError, CompileError, OutOfPages, PageTableError, HostError,
             WindowError, HexFileError, ClusterError, EngineError, OSError)
 
@@ -181,8 +181,8 @@ def window(text: str) -> int | None:
 
 def sim_option(parser: argparse.ArgumentParser, default: str, help: str = "which simulator runs the chip",
                flag: str = "--sim") -> None:
-    """Add ``--sim`` with the choices of the backend registry (`sim.backend.BACKENDS`), never a copy."""
-    from sim.backend import BACKENDS
+    """Add ``--sim`` with the choices of the backend registry (`sim.backends.BACKENDS`), never a copy."""
+    from sim.backends import BACKENDS
     parser.add_argument(flag, default=default, choices=tuple(BACKENDS), metavar="{" + "|".join(BACKENDS) + "}",
                         help=help)
 

@@ -1,4 +1,4 @@
-"""Campaigns on a Ray cluster: ``--cluster ADDRESS`` on `sim.fuzz`, `sim.mutants` and `sim.sweep` (tasks)
+"""Campaigns on a Ray cluster: ``--cluster ADDRESS`` on `sim.verify.fuzz`, `sim.verify.mutants` and `sim.sweep` (tasks)
 and on `sim.serve --chips K` (one actor per chip, `Cluster.actors`).
 
 The one module of the project that knows Ray (``pip install -e '.[cluster]'``). The commands import it
@@ -103,7 +103,7 @@ def worker_backend(name: str, config=None, **options):
     doc).
     """
     from hdl.config import BOOK
-    from sim.backend import get_backend
+    from sim.backends import get_backend
     config = BOOK if config is None else config
     key = (name, config.key(), tuple(sorted(options.items())))
     if key not in _backends:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import sys
 import time
 
-from sim.backend import MAX_LAT
+from sim.backends import MAX_LAT
 from sim.cli import (Parser, Progress, UsageError, chip_option, guarded, int_range, output_file, sim_option,
                      window, write_json)
 
@@ -122,7 +122,7 @@ def run_decode(a, out=None):
     out = out or sys.stdout             # looked up now, not at import: a caller may have redirected it
     from host import tiny_lm as T
     from host.paged import PagedChip
-    from sim.backend import get_backend
+    from sim.backends import get_backend
 
     seed = a.seed if a.seed is not None else (1 if a.model == "structured" else 2)
     cfg = a.chip
@@ -130,9 +130,9 @@ def run_decode(a, out=None):
     backend = get_backend(a.sim, config=cfg, **({"vcd": a.vcd} if a.vcd else {}))
     counted = None
     if a.check:
-        from sim.fuzz import CheckedBackend
+        from sim.verify.fuzz import CheckedBackend
         counted = _Counted(backend)
-        from sim.reference import ReferenceMachine
+        from sim.backends.reference import ReferenceMachine
         backend = CheckedBackend(counted, ReferenceMachine(config=cfg))
     m = T.make_model(a.model, seed)
     t0 = time.perf_counter()

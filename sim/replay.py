@@ -14,9 +14,9 @@ import sys
 from hdl.config import BOOK
 from hdl.isa import IsaError, validate_program
 
-from sim.backend import (MAX_LAT, BackendUnavailable, BadInput, RunResult, SimError, check_lat, first_difference,
+from sim.backends import (MAX_LAT, BackendUnavailable, BadInput, RunResult, SimError, check_lat, first_difference,
                          get_backend)
-from sim.hexfile import HexFileError, read_records
+from sim.formats.hexfile import HexFileError, read_records
 
 __all__ = ["replay", "main"]
 
@@ -34,7 +34,7 @@ def replay(records, backend, lat: int = 8, progress=None, config=BOOK) -> tuple[
     Raises `_InputError` for a latency outside 1..MAX_LAT or a record whose program is illegal on the
     chip `config` (both checked before anything runs). The reference machine models the same chip.
     """
-    from sim.reference import ReferenceMachine
+    from sim.backends.reference import ReferenceMachine
     try:
         check_lat(lat)
     except BadInput as e:
@@ -100,7 +100,7 @@ def _explain(rec, backend, lat, expected, got, diff, config=BOOK) -> str:
     say "is --lat right?". Otherwise: where the simulator starts to differ from the reference machine
     (`_where_it_starts`)."""
     if diff.startswith("counter ") and list(got.ext) == list(expected.ext):
-        from sim.reference import ReferenceMachine
+        from sim.backends.reference import ReferenceMachine
         reference = ReferenceMachine(config=config)
         for other in range(1, LAT_GUESSES + 1):
             if other == lat:
@@ -119,8 +119,8 @@ def _where_it_starts(rec, backend, lat, config=BOOK) -> str:
     """For a simulator that disagrees with the file: the first instruction after which it also disagrees
     with the reference machine (found by running the program's prefixes on both)."""
     from hdl.isa import describe
-    from sim.fuzz import locate
-    from sim.reference import ReferenceMachine
+    from sim.verify.fuzz import locate
+    from sim.backends.reference import ReferenceMachine
     if _is_reference(backend):
         return " (the reference machine itself differs from the file's expected values)"
     try:
@@ -138,7 +138,7 @@ def build_parser():
                "the first difference (exit 1). The file holds no scratchpad: a simulator other than the "
                "reference machine is also compared with the reference machine, scratchpad included. A record "
                "file does not say which EXT and LAT it was made for: give the same --ext and --lat as "
-               "sim.progen was given.",
+               "sim.verify.progen was given.",
                "python -m sim.replay suite.hex --sim verilator --ext 2048 --lat 8")
     p.add_argument("file", help="the record file")
     sim_option(p, "reference", help="which simulator runs the programs")

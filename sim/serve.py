@@ -18,7 +18,7 @@ import random
 import sys
 import time
 
-from sim.backend import MAX_LAT
+from sim.backends import MAX_LAT
 from sim.cli import (Parser, Progress, UsageError, chip_option, guarded, int_range, make_dir, output_dir,
                      output_file, sim_option, window, write_json)
 
@@ -150,7 +150,7 @@ def serve(a, backend=None, max_batch=None, progress=None) -> dict:
     """Serve the trace of parsed arguments `a` (``max_batch`` overrides ``a.max_batch``); the engine's result."""
     from host import tiny_lm as T
     from host.engine import Engine
-    from sim.backend import get_backend
+    from sim.backends import get_backend
     cfg = a.chip
     m = T.make_model(a.model, a.seed_model if a.seed_model is not None else (1 if a.model == "structured" else 2))
     backend = backend or get_backend(a.sim, config=cfg)
@@ -216,7 +216,7 @@ def build_parser() -> Parser:
     p.add_argument("--no-verify", action="store_true", help="skip the replays alone")
     p.add_argument("--chips", type=int_range(1, 64), default=1, metavar="K",
                    help="serve on K chips, each with its own pool and engine, requests routed by --route "
-                        "(sim.multichip); with --out, figures of throughput on 1, 2, 4 chips and of both routes")
+                        "(sim.serving.multichip); with --out, figures of throughput on 1, 2, 4 chips and of both routes")
     p.add_argument("--route", choices=("load", "prefix"), default="load",
                    help="with --chips: the least loaded chip, or the chip holding the longest prefix of the prompt")
     from sim.cluster import cluster_option
@@ -271,11 +271,11 @@ def main(argv=None, out=None) -> int:
     from sim.cluster import check_cluster_args
     check_cluster_args(a)
     if a.chips > 1 or a.cluster is not None:
-        from sim.multichip import main_chips
+        from sim.serving.multichip import main_chips
         return main_chips(a, out)
     from host.engine import decode_alone
     from host.batch import BatchRunner
-    from sim.reference import ReferenceMachine
+    from sim.backends.reference import ReferenceMachine
     t0 = time.perf_counter()
     with Progress(f"serving on {a.sim}", unit="request") as bar:
         res = serve(a, progress=bar)
@@ -423,7 +423,7 @@ def run_prompt_decode(a, out=None) -> dict:
     out = out or sys.stdout
     from host import tiny_lm as T
     from host.engine import decode_alone
-    from sim.backend import get_backend
+    from sim.backends import get_backend
     seed = a.seed if a.seed is not None else (1 if a.model == "structured" else 2)
     cfg = a.chip
     lat = cfg.lat if a.lat is None else a.lat

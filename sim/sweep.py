@@ -5,8 +5,8 @@ Every configuration runs the same window-4 decode (32 steps, structured tiny LM,
 may change the cycles but never an integer: each configuration's tokens and integer logits must equal the
 book's chip's (decoded on the reference machine), step by step, or the sweep stops with exit status 1 and
 one line naming the configuration and the first differing step. With ``--synth`` the chip (`ga2` of
-`sim.verilog.BLOCKS`) of each configuration is synthesized for the ECP5 and placed out of context
-(`sim.synth.synthesize_block`) for its LUTs, DSPs, EBRs and Fmax, and checked against the ULX3S-85F.
+`sim.flow.verilog.BLOCKS`) of each configuration is synthesized for the ECP5 and placed out of context
+(`sim.flow.synth.synthesize_block`) for its LUTs, DSPs, EBRs and Fmax, and checked against the ULX3S-85F.
 
 Writes DIR/sweep.json, DIR/sweep.md (the table) and DIR/sweep.png (cycles per token against LUTs with
 ``--synth``, else one bar per configuration).
@@ -95,7 +95,7 @@ def fits(row: dict) -> bool:
 
 
 def _synth(cfg) -> dict:
-    from sim.synth import synthesize_block
+    from sim.flow.synth import synthesize_block
     row = synthesize_block("ga2", "ecp5", pnr=True, config=cfg)
     out = {"lut": row.lut, "dsp": row.dsp or 0, "ebr": row.bram, "fmax_mhz": row.fmax_mhz,
            "note": row.note, "cells": asdict(row)["cells"]}
@@ -254,7 +254,7 @@ def main(argv=None) -> int:
     check_cluster_args(a)
     _plt()                              # a missing matplotlib or synthesis extra is said before any work
     if a.synth:
-        from sim.synth import require_tools
+        from sim.flow.synth import require_tools
         require_tools(pnr=True)
     make_dir(a.out)
     try:

@@ -9,7 +9,7 @@ from host.agreement import agreement_study, decode_forced
 from host.calibrate import calibrate
 from host.tiny_lm import build_graph, make_model
 
-from sim import reference     # a plain import: a broken or missing reference machine must fail, not skip
+from sim.backends import reference     # a plain import: a broken or missing reference machine must fail, not skip
 
 
 @pytest.fixture(scope="module")

@@ -1,8 +1,8 @@
-"""`sim.backend.first_difference`, the one comparison behind every simulator-versus-reference check: a
+"""`sim.backends.first_difference`, the one comparison behind every simulator-versus-reference check: a
 difference in any one counter, external word or scratchpad word, first, middle or last, is found and named."""
 import pytest
 
-from sim.backend import COUNTER_NAMES, RunResult, first_difference
+from sim.backends import COUNTER_NAMES, RunResult, first_difference
 
 COUNTERS = [9039, 5196, 3203, 490, 74]
 EXT = [0x11111111 * (i % 15) for i in range(40)]
@@ -60,7 +60,7 @@ class _BookOnly:
 
 def test_get_backend_hands_the_configuration_on(monkeypatch):
     from hdl.config import BOOK, parse_chip
-    from sim import backend as B
+    from sim import backends as B
     cfg = parse_chip("array=8")
     assert B.get_backend("reference", config=cfg).config == cfg
     assert B.get_backend("reference").config == BOOK

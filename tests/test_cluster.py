@@ -57,7 +57,7 @@ def _summary(p) -> str:
 @pytest.fixture(scope="module")
 def local_summary():
     """The campaign without --cluster: the line every cluster run must print."""
-    p = _run("sim.fuzz", *CAMPAIGN)
+    p = _run("sim.verify.fuzz", *CAMPAIGN)
     assert "cluster:" not in p.stderr
     return _summary(p)
 
@@ -67,13 +67,13 @@ def test_a_failing_program_is_reported_as_the_local_run_reports_it(tmp_path):
     mod 16; the Verilator model, built from the untouched hdl/, is the cached one) makes programs fail:
     the cluster prints the local run's FAIL lines, word for word (seed, index, pc, reproduce command), in
     the same order, and the same summary line."""
-    from sim.mutants import copy_project
+    from sim.verify.mutants import copy_project
     copy = copy_project(tmp_path / "project", ROOT)
-    ref = copy / "sim" / "reference.py"
+    ref = copy / "sim" / "backends" / "reference.py"
     anchor = '    spad[o["dst"]] = argmax_first([spad[(src + k) & sp] for k in range(n)])'
     assert ref.read_text().count(anchor) == 1
     ref.write_text(ref.read_text().replace(anchor, anchor + " + (n % 16 == 3)"))
-    from sim.verilator_backend import default_build_root
+    from sim.backends.verilator_backend import default_build_root
     env = dict(os.environ, PYTHONPATH=str(copy), GA2_BUILD_DIR=str(default_build_root().parent))
     args = [sys.executable, "-m", "sim.fuzz", "--sim", "verilator", "--seed", "4", "--count", "60", "--ext", "2048",
             "--lat", "8", "--budget", "30000"]
@@ -168,10 +168,10 @@ def test_a_head_started_with_ray_start_gives_the_same_summary_with_1_or_2_worker
     sweep = ["sim.sweep", "--sim", "reference", "--configs", "book;mm_load=4"]
     here = _run(*sweep, "--out", str(tmp_path / "here"))
     with ray_head() as (port, client):
-        one = _run("sim.fuzz", *CAMPAIGN, "--cluster", f"127.0.0.1:{port}", "--workers", "1")
+        one = _run("sim.verify.fuzz", *CAMPAIGN, "--cluster", f"127.0.0.1:{port}", "--workers", "1")
         assert f"cluster: the Ray cluster at 127.0.0.1:{port}, 1 node, 2 CPUs, at most 1 task at once" \
             in one.stderr, one.stderr[-3000:]
-        two = _run("sim.fuzz", *CAMPAIGN, "--cluster", f"127.0.0.1:{port}", "--workers", "2")
+        two = _run("sim.verify.fuzz", *CAMPAIGN, "--cluster", f"127.0.0.1:{port}", "--workers", "2")
         assert "at most 2 tasks at once" in two.stderr, two.stderr[-3000:]
         there = _run(*sweep, "--out", str(tmp_path / "there"), "--cluster", f"127.0.0.1:{port}")
     assert _summary(one) == _summary(two) == local_summary
@@ -224,7 +224,7 @@ def test_a_killed_worker_costs_a_retry_not_the_campaign(local_summary):
 
 
 def test_without_cluster_ray_is_not_imported():
-    code = ("import sys; from sim import fuzz, mutants, serve, sweep\n"
+    code = ("import sys; from sim import serve, sweep; from sim.verify import fuzz, mutants\n"
             "for m in (fuzz, mutants, serve, sweep): m.build_parser().parse_args(['--out', '/tmp'] if m is sweep else [])\n"
             "assert serve.main(['--requests', '2', '--chips', '2', '--no-verify'], out=open('/dev/null', 'w')) == 0\n"
             "print('ray' in sys.modules)")
@@ -237,18 +237,18 @@ def test_bad_cluster_options_are_one_line_before_any_work():
     for args, says in ((["--cluster", "6379"], "--cluster must be 'local', HOST:PORT or ray://HOST:PORT"),
                        (["--cluster", "ray://h:99999"], "--cluster must be"),
                        (["--workers", "2"], "--workers needs --cluster")):
-        p = _run("sim.fuzz", "--count", "1", *args, timeout=120)
+        p = _run("sim.verify.fuzz", "--count", "1", *args, timeout=120)
         assert p.returncode == 2 and p.stderr.startswith("error: ") and says in p.stderr, p.stderr
         assert len(p.stderr.splitlines()) == 1
 
 
 def test_an_unreachable_cluster_is_one_line():
-    p = _run("sim.fuzz", "--count", "1", "--cluster", f"127.0.0.1:{_free_port()}", timeout=300)
+    p = _run("sim.verify.fuzz", "--count", "1", "--cluster", f"127.0.0.1:{_free_port()}", timeout=300)
     assert p.returncode == 2 and p.stderr.splitlines()[-1].startswith("error: cannot join the Ray cluster at "), \
         p.stderr[-2000:]
 
 
-# ---- serving on several chips (sim.multichip) --------------------------------------------------------------
+# ---- serving on several chips (sim.serving.multichip) --------------------------------------------------------------
 
 def test_two_chip_actors_serve_a_trace_as_the_chips_here_and_every_request_as_alone(tmp_path):
     """32 requests on 2 chips as Ray actors (--cluster local): the command's replays alone pass (every
@@ -280,7 +280,7 @@ def test_the_routes():
     ``load`` to the chip with the fewest engine steps after taking it (then the fewer rows), whatever the
     prompt."""
     from host.engine import Request
-    from sim.multichip import route
+    from sim.serving.multichip import route
     shared = [1, 2, 3, 4, 5, 6, 7, 8]
     # rows 12, 2, 12; 2 rows a step: request 2 makes either chip need 12 steps, chip 1 has fewer rows
     reqs = [Request(0, shared + [9], 4), Request(1, [0, 0], 1), Request(2, shared + [10], 4)]

@@ -133,9 +133,9 @@ def test_check_names_the_step_and_the_first_differing_instruction():
     from hdl.isa import Op, operands
     from host import tiny_lm as T
     from host.paged import PagedChip
-    from sim.backend import SimError
-    from sim.fuzz import CheckedBackend
-    from sim.reference import ReferenceMachine
+    from sim.backends import SimError
+    from sim.verify.fuzz import CheckedBackend
+    from sim.backends.reference import ReferenceMachine
 
     class MiscountsVadd(ReferenceMachine):
         name = "faulty"
@@ -160,9 +160,9 @@ def test_check_option_puts_the_reference_beside_the_simulator(monkeypatch):
     same simulator runs through (so it is the option that stops it)."""
     import io
 
-    import sim.backend
-    from sim.backend import SimError
-    from sim.reference import ReferenceMachine
+    import sim.backends
+    from sim.backends import SimError
+    from sim.backends.reference import ReferenceMachine
 
     class OneCycleTooMany(ReferenceMachine):
         name = "faulty"
@@ -172,7 +172,7 @@ def test_check_option_puts_the_reference_beside_the_simulator(monkeypatch):
             res.counters[0] += 1
             return res
 
-    monkeypatch.setattr(sim.backend, "get_backend", lambda name, **options: OneCycleTooMany())
+    monkeypatch.setattr(sim.backends, "get_backend", lambda name, **options: OneCycleTooMany())
     args = ["--sim", "reference", "--steps", "2", "--quiet"]
     decode.run_decode(decode.build_parser().parse_args(args), out=io.StringIO())
     with pytest.raises(SimError, match="differs from the reference: counter cyc_total"):

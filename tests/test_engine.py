@@ -10,7 +10,7 @@ from host import tiny_lm as T
 from host.batch import BatchRunner, batch_program, universal_ranges
 from host.engine import Engine, EngineError, Request, check_invariants, decode_alone, kept_pages, pages_alone
 from host.paged import PagedChip
-from sim.reference import ReferenceMachine
+from sim.backends.reference import ReferenceMachine
 
 M = T.make_model("structured", 1)
 MR = T.make_model("random", 2)
@@ -209,7 +209,7 @@ VERILATOR_TRACES = [
 @pytest.mark.parametrize("case", range(len(VERILATOR_TRACES)))
 def test_traces_on_verilator_equal_the_reference(case):
     # the whole result (tokens, logits, cycles, pages, preemptions, per-step trace) is identical
-    from sim.backend import get_backend
+    from sim.backends import get_backend
     try:
         vl = get_backend("verilator")
     except Exception as exc:                # pragma: no cover - the test extra brings Verilator
@@ -225,7 +225,7 @@ def test_traces_on_verilator_equal_the_reference(case):
 def test_a_batched_program_on_amaranths_simulator_equals_the_reference():
     # one two-row program (about 9,000 cycles): every counter, external word and scratchpad word
     from compiler import ext_image
-    from sim.backend import first_difference, get_backend
+    from sim.backends import first_difference, get_backend
     runner = BatchRunner(M, ReferenceMachine())
     P = runner.program((3, 1))
     inputs = {"x": [M["E"][4], M["E"][11]], "zk": [[0.0] * 16], "zv": [[0.0] * 16],

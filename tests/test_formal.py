@@ -1,4 +1,4 @@
-"""sim.formal: the real design's properties hold, and each property fails on a design broken for it.
+"""sim.verify.formal: the real design's properties hold, and each property fails on a design broken for it.
 
 Every broken variant below breaks one rule of the unit contract or of the chip, and SymbiYosys must find a
 counterexample for exactly the property that states that rule (only that property is kept in the run).
@@ -17,7 +17,7 @@ from hdl.units.base import operand_bits
 from hdl.units.ld import DMA
 from hdl.units.st import StoreUnit
 from hdl.units.vadd import VaddUnit
-from sim import formal
+from sim.verify import formal
 
 # The formal tools are test dependencies (the test extra pulls them in): a missing one fails this module
 # loudly instead of skipping every proof.

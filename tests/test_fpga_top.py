@@ -1,7 +1,7 @@
 # amaranth: UnusedElaboratable=no
 """The FPGA top: one decode step run out of reset in Amaranth's simulator, and its elaboration for the ULX3S.
 
-Expected values come from the reference machine (sim.reference) on the same program and image, and
+Expected values come from the reference machine (sim.backends.reference) on the same program and image, and
 from the chapter's rule f(t) = 5t+3 mod 16 that the structured model follows.
 """
 import pytest
@@ -11,8 +11,8 @@ from compiler import readback
 from hdl.fpga_top import LED_HALTED, LED_TOKEN_BITS, DecodeStepTop
 from host.tiny_lm import f_next
 from sim.cli import guarded
-from sim.fpga import BOARDS, DESIGN_NAME, decode_step, main, make_top, platform_for
-from sim.reference import ReferenceMachine
+from sim.flow.fpga import BOARDS, DESIGN_NAME, decode_step, main, make_top, platform_for
+from sim.backends.reference import ReferenceMachine
 
 PERIOD = 1e-6
 
@@ -110,7 +110,7 @@ def test_unknown_board_is_one_line(capsys):
 
 
 def test_missing_yowasp_tool_is_one_line(monkeypatch, capsys, tmp_path):
-    import sim.fpga as F
+    import sim.flow.fpga as F
     monkeypatch.setattr(F, "_tool_path", lambda name: None)
     assert guarded(main, ["--board", "ulx3s-85f", "--build-dir", str(tmp_path)]) == 2
     err = capsys.readouterr().err
@@ -118,7 +118,7 @@ def test_missing_yowasp_tool_is_one_line(monkeypatch, capsys, tmp_path):
 
 
 def test_report_summary_and_critical_sources():
-    from sim.fpga import critical_sources, format_summary, summarize_report
+    from sim.flow.fpga import critical_sources, format_summary, summarize_report
     report = {
         "fmax": {"clk": {"achieved": 23.3249, "constraint": 25}},
         "utilization": {"DP16KD": {"available": 208, "used": 26}, "DCUA": {"available": 2, "used": 0}},

@@ -1,4 +1,4 @@
-"""The fuzz mix (sim.progen.fuzz_case, sim.fuzz): it reaches the corners, a seed reproduces a run, and a
+"""The fuzz mix (sim.verify.progen.fuzz_case, sim.verify.fuzz): it reaches the corners, a seed reproduces a run, and a
 fresh-seed campaign on Verilator in every test run.
 
 The corner checks read the programs back through ``hdl.isa.operands`` (the bits the hardware decodes), not
@@ -12,12 +12,12 @@ import shlex
 import pytest
 
 from hdl.isa import HW_OPERANDS, RESIDENT_OPS, Op, operands, validate
-from sim.backend import MAX_CYCLES
-from sim.progen import CI_CONFIGS, MIX_CONFIGS, Knobs, fuzz_case, ignored_bits, random_program
-from sim.reference import ReferenceMachine
+from sim.backends import MAX_CYCLES
+from sim.verify.progen import CI_CONFIGS, MIX_CONFIGS, Knobs, fuzz_case, ignored_bits, random_program
+from sim.backends.reference import ReferenceMachine
 
 try:
-    from sim.verilator_backend import VerilatorBackend, _find_tool
+    from sim.backends.verilator_backend import VerilatorBackend, _find_tool
     _find_tool()
     HAVE_VERILATOR = True
 except Exception:       # noqa: BLE001 - any reason the tool cannot run means: skip those tests
@@ -158,15 +158,15 @@ def test_same_seed_same_programs_and_index_alone_is_the_same_program():
 
 
 def test_failure_line_names_seed_index_and_a_command_that_reproduces_it(monkeypatch, capsys):
-    import sim.fuzz as fz
+    import sim.verify.fuzz as fz
     out = io.StringIO()
     s = fz.fuzz(_MiscountsVadd(), ReferenceMachine(check=False), count=8, seed=5, out=out, budget=10_000)
     lines = out.getvalue().splitlines()
     assert s["failures"] == len(lines) == len(s["failed"]) > 0
     monkeypatch.setattr(fz, "get_backend", lambda name, **kw: (
         ReferenceMachine(**kw) if name == "reference" else _MiscountsVadd()))
-    import sim.backend
-    monkeypatch.setitem(sim.backend.BACKENDS, "planted", "tests.test_fuzz:_MiscountsVadd")   # --sim's choices
+    import sim.backends
+    monkeypatch.setitem(sim.backends.BACKENDS, "planted", "tests.test_fuzz:_MiscountsVadd")   # --sim's choices
     for i, line in list(zip(s["failed"], lines))[:2]:
         c = fuzz_case(5, i, budget=10_000)
         assert line.startswith(f"FAIL program {i} (seed 5, EXT {c.ext}, LAT {c.lat}): first differing instruction pc ")
@@ -181,7 +181,7 @@ def test_failure_line_names_seed_index_and_a_command_that_reproduces_it(monkeypa
 
 
 def test_fuzz_command_refuses_bad_input(capsys):
-    from sim.fuzz import main
+    from sim.verify.fuzz import main
     for argv, msg in ((["--budget", "5"], "--budget must be within 10000..100000"),
                       (["--first", "-1"], "--first must be at least 0"),
                       (["--lat", "0"], "--lat must be within 1..1024")):
@@ -198,7 +198,7 @@ def test_fuzz_command_refuses_bad_input(capsys):
 @pytest.mark.skipif(not HAVE_VERILATOR, reason="Verilator is not installed")
 def test_fresh_seed_campaign_on_verilator():
     """A new seed every run (GA2_SEED=S repeats one): CI_COUNT programs of the mix on CI_CONFIGS."""
-    from sim.fuzz import fuzz
+    from sim.verify.fuzz import fuzz
     env = os.environ.get("GA2_SEED")
     seed = int(env) if env else int.from_bytes(os.urandom(4), "little")
     print(f"fuzz seed: {seed} (rerun with GA2_SEED={seed})")

@@ -2,8 +2,8 @@
 import pytest
 
 from hdl.isa import halt, ld, st
-from sim import programs
-from sim.hexfile import (HexFileError, ProgramRecord, format_records, make_record, parse_records,
+from sim.verify import programs
+from sim.formats.hexfile import (HexFileError, ProgramRecord, format_records, make_record, parse_records,
                          read_records, write_records)
 
 EXT = 16

@@ -9,7 +9,7 @@ from hdl.arith import EXP_TABLE, divu, requant, softmax_q16, unpack_word, vadd_s
 from hdl.isa import (Instr, IsaError, Op, amax, busy_cycles, decode, describe, encode, from_words32,
                      halt, ld, mm, operands, rq, sm, st, to_words32, unpack, validate,
                      validate_program, vadd)
-from sim import programs
+from sim.verify import programs
 
 
 # ---- encodings ------------------------------------------------------------------------------------

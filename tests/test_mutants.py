@@ -1,4 +1,4 @@
-"""The mutation-testing machinery (sim.mutants) in CI: every anchor still occurs exactly once and every
+"""The mutation-testing machinery (sim.verify.mutants) in CI: every anchor still occurs exactly once and every
 mutated file compiles (so the list cannot rot silently), every equivalence names a test that shows it, one
 cheap mutant of each kind is caught through the same copy-and-pytest path as the full run, and the
 machinery tells caught (a test failed in its body) from inconclusive (time-outs, collection, import and
@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from sim import mutants as M
+from sim.verify import mutants as M
 
 ROOT = M.PROJECT_ROOT
 
@@ -95,7 +95,7 @@ def test_a_mutant_run_writes_nothing_into_the_tree_or_its_build(tmp_path):
     (cache / ".m2-half-built").mkdir()
     (root / "tests" / "test_writes.py").write_text(
         "import os\nfrom pathlib import Path\n"
-        "from sim.verilator_backend import default_build_root\n\n\n"
+        "from sim.backends.verilator_backend import default_build_root\n\n\n"
         "def test_writes():\n"
         "    models = default_build_root()\n"
         "    assert (models / 'm1' / 'ga2sim').read_text() == 'a model'\n"

@@ -13,7 +13,7 @@ import host.paged
 from host import tiny_lm as T
 from host.paged import HostError, PagedChip
 from host.pagetable import OutOfPages
-from sim.reference import ReferenceMachine
+from sim.backends.reference import ReferenceMachine
 from test_window import held_pages_brute
 
 MACHINE = ReferenceMachine()
@@ -320,13 +320,13 @@ def test_decode_command_refuses_a_small_pool_at_once(tmp_path, args, message):
 
 
 def test_decode_command_refuses_before_building_a_simulator_or_calibrating(tmp_path, monkeypatch, capsys):
-    import sim.backend
+    import sim.backends
     from sim import decode
     from sim.cli import guarded
 
     def forbidden(*args, **kwargs):
         raise AssertionError("work started before the pool was checked")
-    monkeypatch.setattr(sim.backend, "get_backend", forbidden)
+    monkeypatch.setattr(sim.backends, "get_backend", forbidden)
     monkeypatch.setattr(host.paged, "calibrate", forbidden)
     assert guarded(decode.main, ["--pages", "7", "--json", str(tmp_path / "never.json")]) == 2
     assert capsys.readouterr().err == ("error: out of pages: step 29 needs 8 pages of 4 rows and the pool has 7 "
@@ -338,7 +338,7 @@ def test_the_context_limit_and_the_programs_follow_the_configuration():
     # the limit is the chip's matrix K: 64 on the book's chip, 16 on a chip with 16-deep operand memories
     from hdl.config import BOOK, parse_chip
     from host.paged import MAX_CONTEXT, check_decode, max_context
-    from sim.reference import ReferenceMachine
+    from sim.backends.reference import ReferenceMachine
     small = parse_chip("row_depth=16")
     assert MAX_CONTEXT == max_context(BOOK) == 64 and max_context(small) == 16
     check_decode(17, None, 4, 64)

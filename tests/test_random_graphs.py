@@ -5,7 +5,7 @@ and argmaxes in random legal arrangements.
 Two properties, for every graph:
 
 (a) exactness: the integer interpreter (`compiler.interp`, which never looks at the emitted code) and the
-    reference machine (`sim.reference`, which runs the code) leave the same external memory, word for
+    reference machine (`sim.backends.reference`, which runs the code) leave the same external memory, word for
     word: the image with every output region filled with the interpreter's integers.
 (b) accuracy: every output's float readback is within `error_bounds` of the float graph (argmax
     outputs: the chosen index's float value is within twice the bound of the row's maximum), and every
@@ -45,7 +45,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 import compiler as C
 from hdl.arith import rha, u32
-from sim.reference import ReferenceMachine
+from sim.backends.reference import ReferenceMachine
 
 MAX_ROWS = 6            # shapes stay small: every program fits the 256-word ROM and the scratchpad
 MAX_COLS = 12           # also keeps every matmul's inner size far below the chip's 64
@@ -331,14 +331,14 @@ def test_4bit_weight_sliced_concatenated_output():
     assert all(abs(a - b) <= bound for a, b in zip(out["y"][1][0], real[y][0]))
 
 
-# ---- the demonstration behind the readback mutant's `equivalent` verdict (sim/mutants.py) --------------
+# ---- the demonstration behind the readback mutant's `equivalent` verdict (sim/verify/mutants.py) --------------
 
 def _readback_at_source_scale():
     """`compiler.image` as the readback mutant changes it (an output read at its source's scale)."""
     import importlib
     import types
 
-    import sim.mutants as M
+    import sim.verify.mutants as M
     m = next(m for m in M.MUTANTS if m.file == "compiler/image.py" and m.anchor == "sc = P.scales[node.id]")
     original = importlib.import_module("compiler.image")
     mod = types.ModuleType("compiler.image_mutant")

@@ -1,6 +1,6 @@
 """The reference machine against the spec's figures (R1-R5, R7 on the chip, R10, R11) and its error paths.
 
-Expected values are the spec's, transcribed in sim/programs.py or below, or derived by hand from the
+Expected values are the spec's, transcribed in sim/verify/programs.py or below, or derived by hand from the
 unit timelines of hardware spec 4 (the partial-overlap cases), never taken from the machine itself.
 """
 import time
@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from hdl.isa import Instr, Op, amax, halt, ld, mm, rq, sm, st, vadd
-from sim import programs
-from sim.backend import DidNotHalt, RunResult, SimError, first_difference
-from sim.reference import BadInput, IllegalInstruction, ReferenceMachine
+from sim.verify import programs
+from sim.backends import DidNotHalt, RunResult, SimError, first_difference
+from sim.backends.reference import BadInput, IllegalInstruction, ReferenceMachine
 
 EXT = 2048
 W = 0xFFFFFFFF

@@ -1,4 +1,4 @@
-"""Random program suites (sim.progen) and the replay command (sim.replay): PASS, FAIL and error lines."""
+"""Random program suites (sim.verify.progen) and the replay command (sim.replay): PASS, FAIL and error lines."""
 import random
 import subprocess
 import sys
@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from hdl.isa import Op, halt, ld, operands, sm, validate
-from sim.backend import MAX_CYCLES
-from sim.hexfile import make_record, read_records, write_records
-from sim.progen import LAYOUT, random_program, random_suite
+from sim.backends import MAX_CYCLES
+from sim.formats.hexfile import make_record, read_records, write_records
+from sim.verify.progen import LAYOUT, random_program, random_suite
 from sim.replay import main as replay_main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -125,7 +125,7 @@ def test_replay_fail_on_counter(tmp_path, suite, capsys):
 def test_replay_names_the_first_differing_instruction(suite):
     """A simulator that goes wrong from instruction 3 on: the failure names pc 3 and what it is."""
     from hdl.isa import describe
-    from sim.reference import ReferenceMachine
+    from sim.backends.reference import ReferenceMachine
     from sim.replay import replay
 
     class WrongFromPc3(ReferenceMachine):
@@ -146,7 +146,7 @@ def test_replay_compares_the_scratchpad_with_the_reference(suite):
     """The file holds no scratchpad: a simulator whose memory and counters match the file but whose
     scratchpad is wrong from instruction 2 on fails, naming the word and the instruction."""
     from hdl.isa import describe
-    from sim.reference import ReferenceMachine
+    from sim.backends.reference import ReferenceMachine
     from sim.replay import replay
 
     class Twin(ReferenceMachine):
@@ -216,7 +216,7 @@ def test_replay_errors(tmp_path, suite, capsys):
 
 def test_progen_then_replay_command(tmp_path):
     path = tmp_path / "r.hex"
-    p = cli("sim.progen", "--seed", "5", "--count", "3", "--out", str(path))
+    p = cli("sim.verify.progen", "--seed", "5", "--count", "3", "--out", str(path))
     assert p.returncode == 0, p.stderr
     p = cli("sim.replay", str(path), "--sim", "reference")
     assert p.returncode == 0 and p.stdout.startswith("PASS: 3 programs match"), p.stdout + p.stderr
@@ -235,7 +235,7 @@ def test_replay_command_fail_and_error(tmp_path, suite):
 
 
 def test_directed_suite_file(tmp_path, capsys):
-    from sim.progen import main as progen_main
+    from sim.verify.progen import main as progen_main
     path = tmp_path / "d.hex"
     assert progen_main(["--directed", "--out", str(path)]) == 0
     capsys.readouterr()
@@ -251,7 +251,7 @@ def test_directed_suite_file(tmp_path, capsys):
 
 
 def test_replay_fail_on_a_legal_program_that_does_not_halt(tmp_path, suite, capsys):
-    from sim.hexfile import ProgramRecord
+    from sim.formats.hexfile import ProgramRecord
     long = [ld(0, 0, 2048).word] * 50 + [halt().word]      # legal, but over 100,000 cycles
     recs = [suite[0], ProgramRecord(long, [0] * 2048, [0] * 2048, [0, 0, 0, 0, 0]), suite[1]]
     path = tmp_path / "long.hex"

@@ -15,9 +15,9 @@ from hdl.config import BOOK, PRESETS, ChipConfig
 from host import tiny_lm as T
 from host.paged import PagedChip
 from host.resident import ResidentChip, ResidentError
-from sim.backend import ErrorStop
+from sim.backends import ErrorStop
 from sim.cli import guarded
-from sim.reference import ReferenceMachine
+from sim.backends.reference import ReferenceMachine
 
 FAST = PRESETS["fast"]
 

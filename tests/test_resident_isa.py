@@ -13,8 +13,8 @@ import pytest
 from hdl.config import BOOK, ChipConfig
 from hdl.isa import (HW_OPERANDS, IsaError, Op, busy_cycles, decode, describe, encode, gather, halt, ld,
                      operands, scatter, validate)
-from sim.backend import BadInput, ErrorStop, RunResult, first_difference
-from sim.reference import ReferenceMachine
+from sim.backends import BadInput, ErrorStop, RunResult, first_difference
+from sim.backends.reference import ReferenceMachine
 
 RES = ChipConfig(gather=1)
 EXT = 8192
@@ -99,7 +99,7 @@ def test_resident_opcodes_are_illegal_on_a_chip_without_gather():
     with pytest.raises(IsaError, match=r"unknown opcode 11 \(legal: 0..10\)"):
         validate(11 << 124, index=0, cfg=RES)
     # the book's reference machine hangs on them as on any illegal opcode (hardware spec 2.2)
-    from sim.backend import DidNotHalt
+    from sim.backends import DidNotHalt
     with pytest.raises(DidNotHalt, match="illegal opcode 9"):
         ReferenceMachine().run([gather(**GOOD), halt()], _ext())
 

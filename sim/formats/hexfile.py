@@ -48,7 +48,7 @@ class ProgramRecord:
 
 def make_record(program, image, lat: int = 8) -> ProgramRecord:
     """A record whose expected image and counters come from the reference machine."""
-    from sim.reference import ReferenceMachine
+    from sim.backends.reference import ReferenceMachine
     words = [encode(w) if isinstance(w, Instr) else w for w in program]
     result = ReferenceMachine().run(words, image, lat=lat)
     return ProgramRecord(words, [w & _W for w in image], list(result.ext), list(result.counters))

@@ -20,7 +20,7 @@ from hdl.config import BOOK, ChipConfig
 from hdl.isa import (COUNTER_INDEX, COUNTER_OF, RESIDENT_OPS, IsaError, Op, busy_cycles, legal_ops, operands,
                      resident_busy_cycles, resident_runs, validate)
 
-from sim.backend import (MAX_CYCLES, Backend, BadInput, DidNotHalt, ErrorStop, RunResult, SimError,
+from sim.backends import (MAX_CYCLES, Backend, BadInput, DidNotHalt, ErrorStop, RunResult, SimError,
                          TraceEntry, check_lat, check_max_cycles, image_words, program_words,
                          scratchpad_words)
 

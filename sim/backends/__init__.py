@@ -209,9 +209,9 @@ COUNTER_NAMES = ("cyc_total", "cyc_mm", "cyc_dma", "cyc_vec", "n_inst")
 
 # name -> "module:Class"; imported lazily so that a missing toolchain only hurts the backend that needs it
 BACKENDS = {
-    "reference": "sim.reference:ReferenceMachine",
-    "amaranth": "sim.amaranth_backend:AmaranthBackend",
-    "verilator": "sim.verilator_backend:VerilatorBackend",
+    "reference": "sim.backends.reference:ReferenceMachine",
+    "amaranth": "sim.backends.amaranth_backend:AmaranthBackend",
+    "verilator": "sim.backends.verilator_backend:VerilatorBackend",
 }
 
 

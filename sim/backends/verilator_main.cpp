@@ -1,6 +1,6 @@
 // GA-2 Verilator driver: runs a batch of programs, each on a fresh model of the chip harness.
 //
-// Usage: ga2sim JOBS.bin RESULTS.bin. Both files are native-endian uint32 words (see sim/verilator_backend.py):
+// Usage: ga2sim JOBS.bin RESULTS.bin. Both files are native-endian uint32 words (see sim/backends/verilator_backend.py):
 //   jobs:    magic, EXT, max_cycles, njobs, then per job: NI, NI x 4 instruction words (most significant
 //            word first), EXT words of external memory, NS (0, or GA2_SPAD for an initial scratchpad),
 //            NS scratchpad words.

@@ -71,7 +71,7 @@ class ChipServer:
     def __init__(self, a):
         from host import tiny_lm as T
         from host.engine import Engine
-        from sim.backend import get_backend
+        from sim.backends import get_backend
         cfg = a.chip
         self.model = T.make_model(a.model, a.seed_model if a.seed_model is not None
                                   else (1 if a.model == "structured" else 2))
@@ -128,7 +128,7 @@ def main_chips(a, out) -> int:
     from host.batch import BatchRunner
     from host.engine import decode_alone
     from sim.cli import make_dir, write_json
-    from sim.reference import ReferenceMachine
+    from sim.backends.reference import ReferenceMachine
     from sim.serve import cfg_lat, replay_cmd
     if a.mode != "book":
         from sim.cli import UsageError

@@ -21,7 +21,7 @@ from array import array
 from pathlib import Path
 
 from hdl.config import BOOK, ChipConfig
-from sim.backend import (MAX_CYCLES, Backend, BackendUnavailable, BadInput, DidNotHalt, ErrorStop, RunResult,
+from sim.backends import (MAX_CYCLES, Backend, BackendUnavailable, BadInput, DidNotHalt, ErrorStop, RunResult,
                          SimError, check_lat, check_max_cycles, image_words, program_words, scratchpad_words)
 
 __all__ = ["VerilatorBackend", "default_build_root", "verilator_command"]
@@ -51,7 +51,7 @@ _tool_cache: dict[str, tuple[list[str], str]] = {}
 def default_build_root() -> Path:
     """Where built models are cached: ``$GA2_BUILD_DIR/verilator`` or ``<repo>/build/verilator``."""
     env = os.environ.get("GA2_BUILD_DIR")
-    base = Path(env) if env else Path(__file__).resolve().parents[1] / "build"
+    base = Path(env) if env else Path(__file__).resolve().parents[2] / "build"
     return base / "verilator"
 
 

