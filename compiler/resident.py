@@ -40,8 +40,8 @@ from .emit import Program, compile_graph
 from .graph import CompileError, Graph
 from .image import quantize_matrix
 
-__all__ = ["ResidentLayout", "plan_layout", "LoadProgram", "compile_load", "compile_step",
-           "compile_page_copy", "check_same_weights", "check_row_round_trip", "mailbox_words"]
+__all__ = ["ResidentLayout", "plan_layout", "LoadProgram", "compile_load", "compile_step", "finish_program",
+           "compile_page_copy", "check_same_weights", "check_row_round_trip", "mailbox_words", "finish_program"]
 
 
 def _log2(n: int) -> int | None:
@@ -321,11 +321,19 @@ def compile_step(layout: ResidentLayout, graph: Graph, calib_samples, ranges, lo
                 raise CompileError(f"step program: unexpected store {isa.describe(ins)} ({note})")
         else:
             put(ins, note)
+    return finish_program(P, instrs, notes, layout, cfg, "resident step program")
+
+
+def finish_program(P: Program, instrs: list, notes: list, layout: ResidentLayout, cfg: ChipConfig,
+                   what: str) -> Program:
+    """`P` rewritten for the resident mode: its instructions `instrs` (with `notes`), checked legal on the
+    chip `cfg`, and its external inputs and outputs moved to the mailbox of `layout`."""
     code = [isa.encode(i) for i in instrs]
     try:
         isa.validate_program(code, cfg.ext_words, cfg=cfg)
     except isa.IsaError as err:
-        raise CompileError(f"the resident step program is not legal for the chip: {err}") from None
+        raise CompileError(f"the {what} is not legal for the chip: {err}") from None
+    e = P.ext_map
     ext_map = {"x": dataclasses.replace(e["x"], address=layout.x_addr),
                "tok": dataclasses.replace(e["tok"], address=layout.tok_addr),
                "logits": dataclasses.replace(e["logits"], address=layout.logits_addr)}

@@ -13,7 +13,7 @@ import dataclasses
 
 from compiler import CompileError, compile_graph, readback
 from compiler.resident import (check_row_round_trip, check_same_weights, compile_load, compile_page_copy,
-                               plan_layout)
+                               finish_program, plan_layout)
 from hdl import isa
 from hdl.arith import u32
 from hdl.config import BOOK, ChipConfig
@@ -148,16 +148,7 @@ class ResidentBatchRunner:
                     raise CompileError(f"batch program: unexpected store {isa.describe(ins)} ({note})")
             else:
                 put(ins, note)
-        code = [isa.encode(i) for i in instrs]
-        try:
-            isa.validate_program(code, cfg.ext_words, cfg=cfg)
-        except isa.IsaError as err:
-            raise CompileError(f"the resident batch program is not legal for the chip: {err}") from None
-        ext_map = {"x": dataclasses.replace(e["x"], address=lay.x_addr),
-                   "tok": dataclasses.replace(e["tok"], address=lay.tok_addr),
-                   "logits": dataclasses.replace(e["logits"], address=lay.logits_addr)}
-        return dataclasses.replace(P, code=code, instrs=instrs, notes=notes, ext_map=ext_map,
-                                   ext_words=lay.ext_needed, ext_size=cfg.ext_words)
+        return finish_program(P, instrs, notes, lay, cfg, "resident batch program")
 
     def _run(self, code, writes, what):
         for a, w in writes.items():
