@@ -433,8 +433,9 @@ class Engine:
                 g = s.pos - (len(s.req.prompt) - 1)         # index of the generated token this row gives
                 if g < len(s.logits):
                     if s.tokens[s.pos + 1] != res["tok"] or s.logits[g] != res["logits_int"]:
-                        raise EngineError(f"request {s.req.id}: recomputing row {s.pos} gave token {res['tok']}, "
-                                          f"not {s.tokens[s.pos + 1]}: batch invariance is broken")
+                        raise EngineError(f"request {s.req.id}: recomputing row {s.pos} gave token {res['tok']} "
+                                          f"and logits {res['logits_int']}, not token {s.tokens[s.pos + 1]} and "
+                                          f"logits {s.logits[g]}: batch invariance is broken")
                 else:
                     s.tokens.append(res["tok"])
                     s.logits.append(res["logits_int"])
