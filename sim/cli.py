@@ -20,7 +20,7 @@ import re
 import sys
 import time
 
-__all__ = ["UsageError", "user_errors", "guarded", "Parser", "int_range", "window", "sim_option", "chip",
+__all__ = ["write_png", "UsageError", "user_errors", "guarded", "Parser", "int_range", "window", "sim_option", "chip",
            "chip_option",
            "output_file", "output_dir", "make_dir", "write_text", "write_json", "Progress",
            "PROGRESS_ENV", "progress_interval"]
@@ -282,6 +282,22 @@ def write_text(path, text: str, out=None, say: bool = True) -> None:
         except OSError:
             pass
         raise
+    if say:
+        print(f"wrote {path}", file=out or sys.stdout)
+
+
+def write_png(path, fig, out=None, say: bool = True) -> None:
+    """Save the matplotlib figure `fig` to `path` as PNG, atomically like `write_text`, and close it."""
+    import matplotlib.pyplot as plt
+    path = os.fspath(path)
+    tmp = f"{path}.tmp"
+    try:
+        fig.savefig(tmp, dpi=110, format="png")
+        os.replace(tmp, path)
+    finally:
+        plt.close(fig)
+        if os.path.exists(tmp):
+            os.unlink(tmp)
     if say:
         print(f"wrote {path}", file=out or sys.stdout)
 

@@ -20,7 +20,7 @@ import time
 
 from sim.backends import MAX_LAT
 from sim.cli import (Parser, Progress, UsageError, chip_option, guarded, int_range, make_dir, output_dir,
-                     output_file, sim_option, window, write_json)
+                     output_file, sim_option, window, write_json, write_png)
 
 __all__ = ["make_trace", "serve", "build_parser", "main", "token_list", "check_prompt_args",
            "run_prompt_decode", "replay_cmd", "summary"]
@@ -253,15 +253,7 @@ def _draw(path, title, xs, ys, xlabel, ylabel, kind="line"):
     ax.set_ylabel(ylabel)
     ax.set_title(title)
     fig.tight_layout()
-    tmp = f"{path}.tmp"
-    try:
-        fig.savefig(tmp, dpi=110, format="png")
-        os.replace(tmp, path)
-    finally:
-        plt.close(fig)
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    print(f"wrote {path}")
+    write_png(path, fig)              # atomic: no half-drawn figure is left behind
 
 
 def main(argv=None, out=None) -> int:

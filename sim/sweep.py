@@ -17,7 +17,8 @@ import os
 import sys
 from dataclasses import asdict
 
-from sim.cli import Parser, Progress, UsageError, guarded, make_dir, output_dir, sim_option, write_json, write_text
+from sim.cli import (Parser, Progress, UsageError, guarded, make_dir, output_dir, sim_option, write_json, write_png,
+                     write_text)
 
 __all__ = ["DEFAULT_CONFIGS", "ULX3S_85F", "STEPS", "WINDOW", "configs", "decode", "first_difference",
            "fits", "config_row", "sweep", "format_markdown", "build_parser", "main"]
@@ -214,15 +215,7 @@ def draw(doc: dict, path) -> None:
     ax.set_ylabel(f"cycles per token (window {doc['window']}, context {doc['window']})")
     ax.set_title(f"GA-2 chip sweep on {doc['sim']}")
     fig.tight_layout()
-    tmp = f"{path}.tmp"              # atomic, as write_text: no half-drawn figure is left behind
-    try:
-        fig.savefig(tmp, dpi=110, format="png")
-        os.replace(tmp, path)
-    finally:
-        plt.close(fig)
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    print(f"wrote {path}")
+    write_png(path, fig)              # atomic: no half-drawn figure is left behind
 
 
 def build_parser() -> Parser:
