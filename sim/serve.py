@@ -22,7 +22,7 @@ from sim.backends import MAX_LAT
 from sim.cli import (Parser, Progress, UsageError, chip_option, guarded, int_range, make_dir, output_dir,
                      output_file, sim_option, window, write_json, write_png)
 
-__all__ = ["make_trace", "serve", "build_parser", "main", "token_list", "check_prompt_args",
+__all__ = ["make_trace", "serve", "add_replays", "build_parser", "main", "token_list", "check_prompt_args",
            "run_prompt_decode", "replay_cmd", "summary"]
 
 DEFAULT_SIM = "reference"
@@ -101,6 +101,15 @@ def make_trace(n: int, seed: int, prompt_len=(2, 16), gen_len=(2, 16), prefix_sh
             t += gen.expovariate(arrivals[1])
         reqs.append(Request(i, prompt, gl, int(t)))
     return reqs
+
+
+def add_replays(a, requests, out) -> None:
+    """Give every served request its ``replay_cmd``; print one ``error:`` line for each refused one."""
+    for r in requests:
+        if "refused" in r:
+            print(f"error: {r['refused']} (refused; the other requests are served)", file=out)
+        else:
+            r["replay_cmd"] = replay_cmd(a, r)
 
 
 def replay_cmd(a, r) -> list:
@@ -274,11 +283,7 @@ def main(argv=None, out=None) -> int:
     wall = time.perf_counter() - t0
     m = res.pop("model")
     s = summary(res)
-    for r in res["requests"]:
-        if "refused" in r:
-            print(f"error: {r['refused']} (refused; the other requests are served)", file=out)
-        else:
-            r["replay_cmd"] = replay_cmd(a, r)
+    add_replays(a, res["requests"], out)
     w = "none" if a.window is None else a.window
     print(f"GA-2 serve: {a.requests} requests (seed {a.seed}), max batch {a.max_batch}, window {w}, sinks "
           f"{a.sinks}, pool {a.pages} pages of {a.page} rows ({a.alloc}), prefix cache "

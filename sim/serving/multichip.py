@@ -129,7 +129,7 @@ def main_chips(a, out) -> int:
     from host.engine import decode_alone
     from sim.cli import make_dir, write_json
     from sim.backends.reference import ReferenceMachine
-    from sim.serve import cfg_lat, replay_cmd
+    from sim.serve import add_replays, cfg_lat
     if a.mode != "book":
         from sim.cli import UsageError
         raise UsageError(f"--chips {a.chips}{' --cluster' if a.cluster else ''}: --mode {a.mode} is not built "
@@ -153,10 +153,7 @@ def main_chips(a, out) -> int:
     reqs = sorted((r for res in run["chips"] for r in res["requests"]), key=lambda r: r["id"])
     for r in reqs:
         r["chip"] = run["chip_of"][r["id"]]
-        if "refused" in r:
-            print(f"error: {r['refused']} (refused; the other requests are served)", file=out)
-        else:
-            r["replay_cmd"] = replay_cmd(a, r)
+    add_replays(a, reqs, out)
     w = "none" if a.window is None else a.window
     print(f"GA-2 serve on {a.chips} chip{'s' * (a.chips != 1)} (route {a.route}"
           f"{', Ray actors on ' + a.cluster if a.cluster else ''}): {a.requests} requests (seed {a.seed}), max "
