@@ -177,11 +177,14 @@ def _weight_values(P: Program) -> dict:
 
 
 def check_same_weights(reference: dict, P: Program, what: str) -> None:
-    """Refuse a program whose weights' scales or integers differ from those the load program wrote."""
+    """Refuse a program whose weights' scales or integers differ from those the load program wrote (a
+    program may use some of the resident weights only, as a batch of cache-only rows does)."""
     got = _weight_values(P)
-    if set(got) != set(reference):
-        raise CompileError(f"{what}: its weights {sorted(got)} are not the resident ones {sorted(reference)}")
+    if not set(got) <= set(reference):
+        raise CompileError(f"{what}: its weights {sorted(got)} are not among the resident ones {sorted(reference)}")
     for name, (scale, ints) in reference.items():
+        if name not in got:
+            continue
         if got[name][0] != scale:
             raise CompileError(f"{what}: weight {name!r} has scale {got[name][0]!r}, the resident copy "
                                f"{scale!r}")
@@ -334,9 +337,10 @@ def finish_program(P: Program, instrs: list, notes: list, layout: ResidentLayout
     except isa.IsaError as err:
         raise CompileError(f"the {what} is not legal for the chip: {err}") from None
     e = P.ext_map
-    ext_map = {"x": dataclasses.replace(e["x"], address=layout.x_addr),
-               "tok": dataclasses.replace(e["tok"], address=layout.tok_addr),
-               "logits": dataclasses.replace(e["logits"], address=layout.logits_addr)}
+    ext_map = {"x": dataclasses.replace(e["x"], address=layout.x_addr)}
+    if "tok" in e:                      # a batch of cache-only rows has no token and no logits
+        ext_map["tok"] = dataclasses.replace(e["tok"], address=layout.tok_addr)
+        ext_map["logits"] = dataclasses.replace(e["logits"], address=layout.logits_addr)
     return dataclasses.replace(P, code=code, instrs=instrs, notes=notes, ext_map=ext_map,
                                ext_words=layout.ext_needed, ext_size=cfg.ext_words)
 

@@ -59,20 +59,39 @@ class BatchError(ValueError):
 def build_batch_graph(m, ctxs) -> Graph:
     """The graph of one batched step: row i attends ``ctxs[i]`` tokens (its new one included).
 
+    A context of 0 marks a *cache-only* row: a prompt row before the prompt's last token, whose logits
+    nobody reads. The model has one layer, so such a row's attention, feed-forward and head are dead
+    code: it only computes its new cache row (its k and v, which are those of a full row to the bit:
+    the same row of the same matmuls, the same scales). Cache-only rows come after the full rows.
+
     Inputs: ``x`` (B x D, one embedding per row) and, for a row with context n > 1, ``kc{i}``/``vc{i}``
-    (n-1 rows each), and ``zk``/``zv`` (one row of zeros) when B > 1 and a row has cached rows. Outputs: ``tok``
-    (B x 1), ``logits`` (B x V), ``k_new``/``v_new`` (B x D: row i's new cache row). Every node carries a
-    range tag of `TAGS`.
+    (n-1 rows each), and ``zk``/``zv`` (one row of zeros) when B > 1 and a row has cached rows. Outputs:
+    ``k_new``/``v_new`` (B x D: row i's new cache row) and, when some row is full (F of them), ``tok``
+    (F x 1) and ``logits`` (F x V). Every node carries a range tag of `TAGS`.
     """
     ctxs = tuple(ctxs)
-    if not ctxs or any(not isinstance(n, int) or isinstance(n, bool) or n < 1 for n in ctxs):
-        raise CompileError(f"batch contexts {ctxs!r} must be a non-empty tuple of positive integers")
+    if not ctxs or any(not isinstance(n, int) or isinstance(n, bool) or n < 0 for n in ctxs):
+        raise CompileError(f"batch contexts {ctxs!r} must be a non-empty tuple of integers >= 0")
     B = len(ctxs)
+    F = sum(1 for n in ctxs if n > 0)
+    if any(n == 0 for n in ctxs[:F]):
+        raise CompileError(f"batch contexts {ctxs!r}: the cache-only rows (context 0) must come last")
     g = Graph()
     X = g.tag(g.input("x", (B, D)), "x")
-    Q = g.tag(g.matmul(X, g.weight("Wq", m["Wq"])), "q")
+    if F:
+        XF = X if F == B else g.tag(g.slice_rows(X, 0, F), "x")
+        Q = g.tag(g.matmul(XF, g.weight("Wq", m["Wq"])), "q")
     K = g.tag(g.matmul(X, g.weight("Wk", m["Wk"])), "k")
     Vn = g.tag(g.matmul(X, g.weight("Wv", m["Wv"])), "v")
+    if F:
+        _attend_and_head(g, m, ctxs[:F], B, XF, Q, K, Vn)
+    g.tag(g.output(K, "k_new"), "k")
+    g.tag(g.output(Vn, "v_new"), "v")
+    return g
+
+
+def _attend_and_head(g, m, ctxs, B, X, Q, K, Vn) -> None:
+    """The full rows' attention (row i over its cached rows and its new one), feed-forward and head."""
     zk = zv = None
     rows_a = []
     for i, n in enumerate(ctxs):
@@ -102,14 +121,11 @@ def build_batch_graph(m, ctxs) -> Graph:
     H = g.tag(g.add(X, O), "h")
     U = g.tag(g.matmul(H, g.weight("W1", m["W1"])), "u")
     R = g.tag(g.relu(U), "u")
-    F = g.tag(g.matmul(R, g.weight("W2", m["W2"])), "f")
-    Y = g.tag(g.add(H, F), "y")
+    Fo = g.tag(g.matmul(R, g.weight("W2", m["W2"])), "f")
+    Y = g.tag(g.add(H, Fo), "y")
     logits = g.tag(g.matmul(Y, g.weight("Wout", m["Wout"])), "logits")
     g.output(g.argmax(logits), "tok")
     g.tag(g.output(logits, "logits"), "logits")
-    g.tag(g.output(K, "k_new"), "k")
-    g.tag(g.output(Vn, "v_new"), "v")
-    return g
 
 
 def _absmax(mat) -> float:
@@ -215,12 +231,18 @@ class BatchRunner:
 
     def run(self, rows):
         """Run one batch. `rows` is a list of ``(token, kc, vc)`` (kc/vc: the gathered cache rows, lists of
-        D floats, equally long). Returns ``(results, counters, program)``, results in the order of `rows`:
-        dicts with ``tok``, ``logits_int``, ``k``, ``v`` (the new cache row as the chip's floats)."""
+        D floats, equally long; both None for a cache-only row, see `build_batch_graph`). Returns
+        ``(results, counters, program)``, results in the order of `rows`: dicts with ``tok``,
+        ``logits_int`` (None for a cache-only row), ``k``, ``v`` (the new cache row as the chip's floats)."""
         if not rows:
             raise BatchError("a batch needs at least one row")
-        order = sorted(range(len(rows)), key=lambda i: -len(rows[i][1]))
-        ctxs = tuple(len(rows[i][1]) + 1 for i in order)
+        for i, (tok, kc, vc) in enumerate(rows):
+            if not (isinstance(tok, int) and 0 <= tok < V) or (kc is None) != (vc is None) \
+                    or (kc is not None and len(kc) != len(vc)):
+                raise BatchError(f"row {i}: bad token {tok!r} or cache rows ({kc!r:.40} keys, {vc!r:.40} values)")
+        ctx_of = [0 if kc is None else len(kc) + 1 for _, kc, _ in rows]
+        order = sorted(range(len(rows)), key=lambda i: -ctx_of[i])
+        ctxs = tuple(ctx_of[i] for i in order)
         if max(ctxs) > self.config.mm_max_k:
             raise BatchError(f"a row attends {max(ctxs)} tokens, more than the chip's limit of "
                              f"{self.config.mm_max_k}")
@@ -230,9 +252,7 @@ class BatchRunner:
         if len(rows) > 1 and any(rows[i][1] for i in order):
             inputs["zk"] = inputs["zv"] = [[0.0] * D]
         for j, i in enumerate(order):
-            tok, kc, vc = rows[i]
-            if not 0 <= tok < V or len(kc) != len(vc):
-                raise BatchError(f"row {i}: bad token {tok!r} or cache rows ({len(kc)} keys, {len(vc)} values)")
+            _, kc, vc = rows[i]
             if kc:
                 inputs[f"kc{j}"] = [list(r) for r in kc]
                 inputs[f"vc{j}"] = [list(r) for r in vc]
@@ -241,6 +261,8 @@ class BatchRunner:
         out = readback(P, result.ext)
         res = [None] * len(rows)
         for j, i in enumerate(order):
-            res[i] = {"tok": int(out["tok"][0][j][0]), "logits_int": [int(t) for t in out["logits"][0][j]],
+            full = ctxs[j] > 0
+            res[i] = {"tok": int(out["tok"][0][j][0]) if full else None,
+                      "logits_int": [int(t) for t in out["logits"][0][j]] if full else None,
                       "k": tuple(out["k_new"][1][j]), "v": tuple(out["v_new"][1][j])}
         return res, [int(c) for c in result.counters], P

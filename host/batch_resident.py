@@ -93,7 +93,8 @@ class ResidentBatchRunner:
         """`specs[j]` = (table offset, table length, [(lo, hi) relative rows gathered], new row) of row j."""
         lay, cfg = self.layout, self.config
         g = build_batch_graph(self.m, ctxs)
-        placed = {name: addr for name, (addr, _) in lay.weights.items()}
+        present = {n.attrs["name"] for n in g.nodes if n.op == "weight"}
+        placed = {name: addr for name, (addr, _) in lay.weights.items() if name in present}
         P = compile_graph(g, [_dummy_sample(g)], ranges=self.ranges, ext_words=cfg.ext_words, config=cfg,
                           placed=placed, spad_limit=lay.spad_limit)
         check_row_round_trip(P)
@@ -166,17 +167,19 @@ class ResidentBatchRunner:
 
     def run(self, rows):
         """`rows`: list of ``(token, table, gathered, new_row)``: the row's block table (pages, None for a
-        hole), the relative row ranges it attends and the relative row its new k/v goes to. Returns
+        hole), the relative row ranges it attends (None for a cache-only row, see
+        `host.batch.build_batch_graph`) and the relative row its new k/v goes to. Returns
         ``(results, counters, program)`` like `host.batch.BatchRunner.run` (``k``/``v`` are None: the rows
         stay in the pools)."""
-        order = sorted(range(len(rows)), key=lambda i: -sum(hi - lo for lo, hi in rows[i][2]))
-        ctxs = tuple(1 + sum(hi - lo for lo, hi in rows[i][2]) for i in order)
+        ctx_of = [0 if r[2] is None else 1 + sum(hi - lo for lo, hi in r[2]) for r in rows]
+        order = sorted(range(len(rows)), key=lambda i: -ctx_of[i])
+        ctxs = tuple(ctx_of[i] for i in order)
         if max(ctxs) > self.config.mm_max_k:
             raise CompileError(f"a row attends {max(ctxs)} tokens, more than the chip's {self.config.mm_max_k}")
         specs, off = [], 0
         for i in order:
             _, table, gathered, new_row = rows[i]
-            specs.append((off, len(table), list(gathered), new_row))
+            specs.append((off, len(table), list(gathered or ()), new_row))
             off += len(table)
         key = (ctxs, tuple((s[1], tuple(s[2]), s[3]) for s in specs))
         if key not in self.progs:
@@ -197,6 +200,7 @@ class ResidentBatchRunner:
         out = readback(P, result.ext)
         res = [None] * len(rows)
         for j, i in enumerate(order):
-            res[i] = {"tok": int(out["tok"][0][j][0]), "logits_int": [int(v) for v in out["logits"][0][j]],
-                      "k": None, "v": None}
+            full = ctxs[j] > 0
+            res[i] = {"tok": int(out["tok"][0][j][0]) if full else None,
+                      "logits_int": [int(v) for v in out["logits"][0][j]] if full else None, "k": None, "v": None}
         return res, [int(c) for c in result.counters], P

@@ -19,6 +19,10 @@ program (`host.batch`). The KV cache of every request lives in one `host.pagetab
   never computed. Cached pages nobody references are evicted least recently used first.
 - Attention sinks: ``sinks = S`` keeps rows 0..S-1 of every request besides the window (`host.window.
   sink_ranges`); the pages between are released (`PageTable.punch`).
+- Prefill (``prefill = "cache"``, the default): a prompt row before the prompt's last token runs as a
+  *cache-only* row (`host.batch.build_batch_graph`, context 0): the model has one layer, so only its k and
+  v are live; they are those of a full row to the bit. ``prefill = "full"`` runs every prompt row through
+  the whole model and discards the logits (the issue's row model, kept as a baseline).
 - ``alloc = "contiguous"``: the baseline that reserves, per admitted request, the pages of the longest
   request the trace may hold (``contig_rows``), as Example B does on paper; no prefix cache.
 
@@ -39,7 +43,10 @@ from host.tiny_lm import V
 from host.window import check_sinks, check_window, sink_context, sink_ranges, trim_point
 
 __all__ = ["Request", "Engine", "EngineError", "decode_alone", "check_invariants", "pages_alone",
-           "kept_pages"]
+           "kept_pages", "PREFILLS"]
+
+# how prompt rows before the prompt's last token run: only their cache row, or the whole model
+PREFILLS = ("cache", "full")
 
 
 class EngineError(ValueError):
@@ -147,11 +154,14 @@ class Engine:
     config : hdl.config.ChipConfig
     check : bool
         Run `check_invariants` after every step.
+    mode : {"book", "resident"}
+    prefill : {"cache", "full"}
+        See the module's docstring.
     """
 
     def __init__(self, m, backend, max_batch=4, window=None, sinks=0, page=4, n_pages=64, prefix_cache=True,
                  alloc="paged", contig_rows=None, watermark=1, lat=8, config: ChipConfig = BOOK, check=True,
-                 mode="book"):
+                 mode="book", prefill="cache"):
         try:
             check_window(window)
             check_sinks(sinks, window)
@@ -164,6 +174,8 @@ class Engine:
             raise EngineError(f"alloc must be 'paged' or 'contiguous', got {alloc!r}")
         if mode not in ("book", "resident"):
             raise EngineError(f"mode must be 'book' or 'resident', got {mode!r}")
+        if prefill not in PREFILLS:
+            raise EngineError(f"prefill must be one of {', '.join(PREFILLS)}, got {prefill!r}")
         if mode == "resident" and alloc != "paged":
             raise EngineError("resident mode keeps the cache in the chip's page pools: alloc must be 'paged'")
         if not isinstance(watermark, int) or watermark < 0:
@@ -172,7 +184,7 @@ class Engine:
         self.page, self.n_pages, self.alloc = page, n_pages, alloc
         self.prefix_cache = bool(prefix_cache) and alloc == "paged"
         self.contig_rows, self.watermark, self.config, self.check = contig_rows, watermark, config, check
-        self.mode = mode
+        self.mode, self.prefill = mode, prefill
         if mode == "resident":
             from host.batch_resident import ResidentBatchRunner
             if not config.gather:
@@ -383,6 +395,10 @@ class Engine:
         return self._results(states)
 
     def _step(self) -> None:
+        def cache_only(s):
+            # a prompt row before the prompt's last token: nobody reads its logits, only its cache row
+            return self.prefill == "cache" and s.pos < len(s.req.prompt) - 1
+
         decode = [s for s in self.running if s.pos == len(s.tokens) - 1 and s.pos >= len(s.req.prompt)]
         prompt = [s for s in self.running if s not in decode]
         batch = (sorted(decode, key=lambda s: s.order) + sorted(prompt, key=lambda s: s.order))[:self.max_batch]
@@ -410,8 +426,12 @@ class Engine:
                     extra += self.runner.copy_page(before[-1], after[-1], off)[0]
                 first = self.pt.first_row(s.req.id)
                 rows.append((s.tokens[s.pos], list(after),
+                             None if cache_only(s) else
                              [(lo - first, hi - first) for lo, hi in sink_ranges(s.pos + 1, self.W, self.S)],
                              s.pos - first))
+                continue
+            if cache_only(s):
+                rows.append((s.tokens[s.pos], None, None))
                 continue
             kc, vc = [], []
             for lo, hi in sink_ranges(s.pos + 1, self.W, self.S):
@@ -526,9 +546,12 @@ def decode_alone(m, prompt, gen, backend, window=None, sinks=0, lat=8, config: C
         for lo, hi in sink_ranges(pos + 1, window, sinks):
             kc += [r[0] for r in cache[lo:hi]]
             vc += [r[1] for r in cache[lo:hi]]
+        if pos < len(prompt) - 1:
+            kc = vc = None              # a cache-only row, as in the engine
         (res,), counters, _ = runner.run([(toks[pos], kc, vc)])
         cache.append((res["k"], res["v"]))
-        records.append({"L": pos + 1, "ctx": len(kc) + 1, "tok": res["tok"], "counters": counters})
+        records.append({"L": pos + 1, "ctx": 0 if kc is None else len(kc) + 1, "tok": res["tok"],
+                        "counters": counters})
         if pos >= len(prompt) - 1:
             toks.append(res["tok"])
             logits.append(res["logits_int"])

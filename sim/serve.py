@@ -167,7 +167,7 @@ def serve(a, backend=None, max_batch=None, progress=None) -> dict:
     e = Engine(m, backend, max_batch=max_batch or a.max_batch, window=a.window, sinks=a.sinks, page=a.page,
                n_pages=a.pages, prefix_cache=not a.no_prefix_cache, alloc=a.alloc,
                contig_rows=a.prompt_len[1] + a.gen_len[1] - 1,
-               lat=cfg.lat if a.lat is None else a.lat, config=cfg, mode=a.mode)
+               lat=cfg.lat if a.lat is None else a.lat, config=cfg, mode=a.mode, prefill=a.prefill)
     res = e.run(reqs, progress=progress)
     res["owned_at_end"], res["cached_at_end"] = e.owned(), len(e.page_hash)
     res["model"] = m
@@ -207,6 +207,10 @@ def build_parser() -> Parser:
                    help="paged: pages as rows come; contiguous: the baseline reserving, per request, the pages of "
                         "the longest request --prompt-len and --gen-len allow (no prefix cache)")
     p.add_argument("--no-prefix-cache", action="store_true", help="compute every prompt row")
+    p.add_argument("--prefill", choices=("cache", "full"), default="cache",
+                   help="cache: a prompt row before the prompt's last computes only its k/v cache row (the "
+                        "model has one layer, the rest is dead); full: every prompt row runs the whole model "
+                        "and its logits are discarded (the baseline)")
     p.add_argument("--mode", choices=("book", "resident"), default="book",
                    help="book: the host gathers each row's cache rows into the image; resident: the weights "
                         "and the cache stay on the chip, each row GATHERs through its block table (needs "
@@ -287,8 +291,8 @@ def main(argv=None, out=None) -> int:
     w = "none" if a.window is None else a.window
     print(f"GA-2 serve: {a.requests} requests (seed {a.seed}), max batch {a.max_batch}, window {w}, sinks "
           f"{a.sinks}, pool {a.pages} pages of {a.page} rows ({a.alloc}), prefix cache "
-          f"{'off' if a.no_prefix_cache or a.alloc == 'contiguous' else 'on'}, chip {a.chip.spec()}, mode "
-          f"{a.mode}, simulator {a.sim}", file=out)
+          f"{'off' if a.no_prefix_cache or a.alloc == 'contiguous' else 'on'}, prefill {a.prefill}, chip "
+          f"{a.chip.spec()}, mode {a.mode}, simulator {a.sim}", file=out)
     print(f"requests finished {s['requests_finished']} (refused {s['refused']}), tokens generated "
           f"{s['tokens_generated']}, total chip cycles {s['total_cycles']:,}, tokens per million cycles "
           f"{s['tokens_per_mcycle']}", file=out)
@@ -323,7 +327,7 @@ def main(argv=None, out=None) -> int:
     doc = {"requests": [{k: v for k, v in r.items()} for r in res["requests"]],
            **{k: v for k, v in s.items()}, "max_batch": a.max_batch, "mode": a.mode, "chip": a.chip.spec(),
            "window": a.window, "sinks": a.sinks, "page": a.page, "pages": a.pages, "alloc": a.alloc,
-           "prefix_cache": not a.no_prefix_cache and a.alloc == "paged",
+           "prefix_cache": not a.no_prefix_cache and a.alloc == "paged", "prefill": a.prefill,
            "steps": res["steps"], "run": {"sim": a.sim, "wall_seconds": round(wall, 2)}}
     if a.out:
         make_dir(a.out, out)
@@ -363,12 +367,20 @@ def serve_targets(config=None, out=None) -> dict:
         res = serve(a)
         res.pop("model")
         return summary(res)
-    rates = {b: run(["--max-batch", str(b)])["tokens_per_mcycle"] for b in (1, 2, 4, 8)}
-    print(f"throughput, book mode, trace {' '.join(TARGET_TRACE + extra)}: tokens per million cycles "
-          + ", ".join(f"batch {b}: {r}" for b, r in rates.items()), file=out)
-    ratio = rates[4] / rates[1]
-    print(f"  batch 4 / batch 1 = {ratio:.3f} (target >= 2.2: {'met' if ratio >= 2.2 else 'NOT met'}); "
-          f"batch 2: {rates[2] / rates[1]:.3f}, batch 8: {rates[8] / rates[1]:.3f}", file=out)
+    rates, ratios = {}, {}
+    for prefill in ("full", "cache"):
+        r = {b: run(["--max-batch", str(b), "--prefill", prefill])["tokens_per_mcycle"] for b in (1, 2, 4, 8)}
+        rates[prefill], ratios[prefill] = r, r[4] / r[1]
+        print(f"throughput, book mode, --prefill {prefill}, trace {' '.join(TARGET_TRACE + extra)}: tokens per "
+              f"million cycles " + ", ".join(f"batch {b}: {t}" for b, t in r.items()), file=out)
+        print(f"  batch 4 / batch 1 = {ratios[prefill]:.3f}; batch 2: {r[2] / r[1]:.3f}, batch 8: "
+              f"{r[8] / r[1]:.3f}", file=out)
+    # the target is defined on the rows (every prompt row a whole-model row); with cache-only prompt
+    # rows batch 1 is itself much faster, so batching has less shared work left to share
+    ratio = ratios["full"]
+    print(f"  target: batch 4 / batch 1 >= 2.2 with every prompt row a full row: {ratio:.3f}, "
+          f"{'met' if ratio >= 2.2 else 'NOT met'} (with --prefill cache, the default: {ratios['cache']:.3f}, "
+          f"at {rates['cache'][4] / rates['full'][4]:.2f}x the throughput of --prefill full at batch 4)", file=out)
     mem = ["--pages", "16", "--max-batch", "8"]
     paged, contig = run(mem), run(mem + ["--alloc", "contiguous"])
     d = build_parser().parse_args(TARGET_TRACE)
@@ -393,7 +405,8 @@ def serve_targets(config=None, out=None) -> dict:
           f"({r['total_cycles']:,} cycles, {r['tokens_generated']} tokens, prompt rows included; the load "
           f"program's {r['load_cycles']:,} once apart) (target <= 1,200: {'met' if per <= 1200 else 'NOT met'})",
           file=out)
-    return {"tokens_per_mcycle": rates, "batch4_over_batch1": ratio, "paged_running": paged["peak_running"],
+    return {"tokens_per_mcycle": rates["full"], "tokens_per_mcycle_cache": rates["cache"],
+            "batch4_over_batch1": ratio, "batch4_over_batch1_cache": ratios["cache"], "paged_running": paged["peak_running"],
             "contiguous_running": contig["peak_running"], "memory_ratio": mratio,
             "prompt_rows_with_cache": on["prompt_rows_computed"], "prompt_rows_without": off["prompt_rows_computed"],
             "prefix_row_cut": cut, "resident_cycles_per_token": per}
@@ -437,7 +450,9 @@ def run_prompt_decode(a, out=None) -> dict:
     if not a.quiet:
         print(f"\n{'row':>5} {'ctx':>4} {'tok':>4} {'total':>8}", file=out)
         for r in recs:
-            print(f"{r['L']:5d} {r['ctx']:4d} {r['tok']:4d} {r['counters'][0]:8d}", file=out)
+            # a prompt row before the last computes only its cache row: no attention, no token
+            ctx, tok = ("kv", "-") if r["tok"] is None else (r["ctx"], r["tok"])
+            print(f"{r['L']:5d} {ctx:>4} {tok:>4} {r['counters'][0]:8d}", file=out)
     print(f"total cycles {total} over {len(recs)} rows ({time.perf_counter() - t0:.1f} s)", file=out)
     return {"prompt": list(a.prompt), "steps": a.steps, "window": a.window, "sinks": a.sinks, "model": a.model,
             "seed": seed, "sim": a.sim, "chip": cfg.spec(), "lat": lat,

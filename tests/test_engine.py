@@ -66,6 +66,44 @@ def test_a_row_gives_the_same_integers_in_any_batch_and_the_cycle_model_holds():
         assert c1 == P1.counters(8)
 
 
+def test_a_cache_only_row_writes_the_cache_row_a_full_row_writes():
+    # a prompt row before the last runs only its k/v projections (context 0, no attention, no head): its
+    # cache row is that of the same token run as a full row, to the bit, in any batch
+    runner = BatchRunner(M, ReferenceMachine())
+    kc = [[0.01 * (i + j) for j in range(16)] for i in range(3)]
+    vc = [[-0.02 * (i - j) for j in range(16)] for i in range(3)]
+    rows = [(7, None, None), (2, kc, vc), (12, None, None)]
+    res, counters, P = runner.run(rows)
+    assert counters == P.counters(8)
+    assert [(r["tok"], r["logits_int"]) for r in (res[0], res[2])] == [(None, None), (None, None)]
+    for i, (t, _, _) in enumerate(rows):
+        (full,), _, _ = runner.run([(t, kc, vc)])
+        assert (res[i]["k"], res[i]["v"]) == (full["k"], full["v"])
+    (alone,), c_alone, _ = runner.run([(2, kc, vc)])
+    assert (res[1]["tok"], res[1]["logits_int"]) == (alone["tok"], alone["logits_int"])
+    (kv,), c_kv, P_kv = runner.run([(7, None, None)])
+    assert c_kv == P_kv.counters(8) and c_kv[0] < c_alone[0] // 4
+
+
+def test_cache_only_rows_come_after_the_full_rows():
+    from compiler import CompileError
+    from host.batch import build_batch_graph
+    with pytest.raises(CompileError, match="cache-only rows"):
+        build_batch_graph(M, (0, 3))
+
+
+def test_prefill_cache_and_full_give_the_same_requests_for_fewer_cycles():
+    reqs = [Request(0, [3, 1, 4, 1, 5], 3, 0), Request(1, [9, 2], 4, 0), Request(2, [6, 5, 3, 5, 8, 9], 2, 1)]
+    kw = dict(max_batch=2, window=4, page=2, n_pages=12)
+    cache = Engine(M, ReferenceMachine(), **kw).run(reqs)
+    full = Engine(M, ReferenceMachine(), prefill="full", **kw).run(reqs)
+    keys = ("tokens", "logits_int", "prompt_rows_computed")
+    assert [[r[k] for k in keys] for r in cache["requests"]] == [[r[k] for k in keys] for r in full["requests"]]
+    assert cache["total_cycles"] < full["total_cycles"]
+    with pytest.raises(EngineError, match="prefill"):
+        Engine(M, ReferenceMachine(), prefill="half")
+
+
 def test_one_row_programs_cost_the_books_cycles():
     # the engine's one-row program has the book's structure: the book's 6 first steps' cycles
     toks, _, recs = decode_alone(M, [0], 6, ReferenceMachine(), window=4)
@@ -223,12 +261,13 @@ def test_traces_on_verilator_equal_the_reference(case):
 
 
 def test_a_batched_program_on_amaranths_simulator_equals_the_reference():
-    # one two-row program (about 9,000 cycles): every counter, external word and scratchpad word
+    # one three-row program (about 9,000 cycles; the last row cache-only): every counter, external word
+    # and scratchpad word
     from compiler import ext_image
     from sim.backends import first_difference, get_backend
     runner = BatchRunner(M, ReferenceMachine())
-    P = runner.program((3, 1))
-    inputs = {"x": [M["E"][4], M["E"][11]], "zk": [[0.0] * 16], "zv": [[0.0] * 16],
+    P = runner.program((3, 1, 0))
+    inputs = {"x": [M["E"][4], M["E"][11], M["E"][6]], "zk": [[0.0] * 16], "zv": [[0.0] * 16],
               "kc0": [[0.05 * j for j in range(16)], [-0.03 * j for j in range(16)]],
               "vc0": [[0.02 * (8 - j) for j in range(16)], [0.01 * j for j in range(16)]]}
     image = ext_image(P, inputs, P.ext_size)

@@ -78,7 +78,7 @@ class ChipServer:
         self.engine = Engine(self.model, get_backend(a.sim, config=cfg), max_batch=a.max_batch, window=a.window,
                              sinks=a.sinks, page=a.page, n_pages=a.pages, prefix_cache=not a.no_prefix_cache,
                              alloc=a.alloc, contig_rows=a.prompt_len[1] + a.gen_len[1] - 1,
-                             lat=cfg.lat if a.lat is None else a.lat, config=cfg)
+                             lat=cfg.lat if a.lat is None else a.lat, config=cfg, prefill=a.prefill)
 
     def serve(self, reqs) -> dict:
         return self.engine.run(reqs)
