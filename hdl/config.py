@@ -51,6 +51,11 @@ class ChipConfig:
     gather : int
         1 gives the chip the resident mode's GATHER and SCATTER instructions (``docs/resident.md``);
         0, the book's chip, leaves their opcodes illegal.
+    vadd_ports : int
+        Scratchpad read ports the VADD unit reads through (``docs/vadd-ports.md``): 1, the book's, reads
+        src1[i] and src2[i] in two cycles (B = 2*len + 2); 2 reads both in one cycle (B = len + 2), through
+        read port 1 of the scratchpad, which a chip with ``mm_load`` >= 2 already has for the MM unit
+        and any other chip gets for VADD (``spad_reads``).
     """
 
     array: int = 4
@@ -63,6 +68,7 @@ class ChipConfig:
     counter_bits: int = 32
     rom_words: int = 256
     gather: int = 0
+    vadd_ports: int = 1
 
     def __post_init__(self):
         for f in fields(self):
@@ -94,12 +100,19 @@ class ChipConfig:
             raise ValueError(f"ChipConfig rom_words must be a power of two up to 256, not {self.rom_words}")
         if self.gather not in (0, 1):
             raise ValueError(f"ChipConfig gather must be 0 or 1, not {self.gather}")
+        if self.vadd_ports not in (1, 2):
+            raise ValueError(f"ChipConfig vadd_ports must be 1 or 2, not {self.vadd_ports}")
 
     # ---- derived widths and limits -----------------------------------------------------------------
     @property
     def spad_addr_bits(self) -> int:
         """Bits of a scratchpad address (12 on the book's chip)."""
         return (self.spad_depth - 1).bit_length()
+
+    @property
+    def spad_reads(self) -> int:
+        """Read ports of the scratchpad: the MM unit's ``mm_load``, or VADD's ``vadd_ports`` if more."""
+        return max(self.mm_load, self.vadd_ports)
 
     @property
     def ext_addr_bits(self) -> int:

@@ -21,6 +21,7 @@ __all__ = [
     "Op", "FIELDS", "HW_OPERANDS", "SPAD_WORDS", "ROM_WORDS", "MM_MAX_MN", "MM_MAX_K", "COUNTER_OF",
     "COUNTER_INDEX", "IsaError", "Instr",
     "encode", "decode", "operands", "validate", "validate_program", "busy_cycles", "mm_busy_cycles",
+    "vadd_busy_cycles",
     "ld", "st", "mm", "rq", "sm", "vadd", "amax", "unpack", "halt",
     "to_words32", "from_words32", "describe",
     "RESIDENT_OPS", "gather", "scatter", "resident_runs", "resident_busy_cycles", "legal_ops",
@@ -418,9 +419,16 @@ def mm_busy_cycles(M: int, K: int, N: int, cfg: ChipConfig) -> int:
     return M * groups_k + K * groups_n + (K + M + N - 2) + M * N + 7
 
 
+def vadd_busy_cycles(n: int, cfg: ChipConfig) -> int:
+    """WAIT cycles B of one VADD of `n` elements on the chip `cfg` (the timing contract of
+    hdl/units/vadd.py, docs/vadd-ports.md): ``2*n + 2`` with one read port (``cfg.vadd_ports`` = 1, the
+    book's: src1[i] and src2[i] in two cycles), ``n + 2`` with two (both in one cycle)."""
+    return n + 2 if cfg.vadd_ports == 2 else 2 * n + 2
+
+
 def busy_cycles(ins, lat: int = 8, cfg: ChipConfig = BOOK) -> int:
     """WAIT cycles B of one legal instruction on the chip `cfg`; the instruction costs 2 + B cycles in
-    all (HALT: 2). Only the MM unit's time depends on the configuration."""
+    all (HALT: 2). Only the MM unit's and the VADD unit's times depend on the configuration."""
     o = operands(ins)
     op = o["op"]
     if op == Op.HALT:
@@ -431,8 +439,10 @@ def busy_cycles(ins, lat: int = 8, cfg: ChipConfig = BOOK) -> int:
         runs = resident_runs(o["lo"], o["hi"], o["page_log2"])
         return resident_busy_cycles(op, len(runs), (o["hi"] - o["lo"]) << o["row_log2"], lat)
     n = o["len"]
+    if op == Op.VADD:
+        return vadd_busy_cycles(n, cfg)
     return {Op.LD: n + lat + 1, Op.ST: n + 2, Op.RQ: n + 2, Op.SM: 3 * n + 47,
-            Op.VADD: 2 * n + 2, Op.AMAX: n + 3, Op.UNPACK: 10 * n + 1}[Op(op)]
+            Op.AMAX: n + 3, Op.UNPACK: 10 * n + 1}[Op(op)]
 
 
 def resident_runs(lo: int, hi: int, page_log2: int) -> list[tuple[int, int, int]]:
