@@ -51,6 +51,10 @@ class ChipConfig:
     gather : int
         1 gives the chip the resident mode's GATHER and SCATTER instructions (``docs/resident.md``);
         0, the book's chip, leaves their opcodes illegal.
+    mm_rq : int
+        1 gives the MM unit an output requantizer (``docs/fused-rq.md``): the RQC instruction loads its
+        (m, s, relu) and an MM with its ``rq`` flag writes every C element requantized to int8. 0, the
+        book's chip, leaves opcode 11 illegal, and MM's ``rq`` flag must be 0.
     vadd_ports : int
         Scratchpad read ports the VADD unit reads through (``docs/vadd-ports.md``): 1, the book's, reads
         src1[i] and src2[i] in two cycles (B = 2*len + 2); 2 reads both in one cycle (B = len + 2), through
@@ -68,6 +72,7 @@ class ChipConfig:
     counter_bits: int = 32
     rom_words: int = 256
     gather: int = 0
+    mm_rq: int = 0
     vadd_ports: int = 1
 
     def __post_init__(self):
@@ -100,6 +105,8 @@ class ChipConfig:
             raise ValueError(f"ChipConfig rom_words must be a power of two up to 256, not {self.rom_words}")
         if self.gather not in (0, 1):
             raise ValueError(f"ChipConfig gather must be 0 or 1, not {self.gather}")
+        if self.mm_rq not in (0, 1):
+            raise ValueError(f"ChipConfig mm_rq must be 0 or 1, not {self.mm_rq}")
         if self.vadd_ports not in (1, 2):
             raise ValueError(f"ChipConfig vadd_ports must be 1 or 2, not {self.vadd_ports}")
 

@@ -25,6 +25,7 @@ __all__ = [
     "ld", "st", "mm", "rq", "sm", "vadd", "amax", "unpack", "halt",
     "to_words32", "from_words32", "describe",
     "RESIDENT_OPS", "gather", "scatter", "resident_runs", "resident_busy_cycles", "legal_ops",
+    "MM_RQ_OPS", "CHIP_OPERANDS", "hw_operands", "rqc", "RQC_BUSY",
 ]
 
 # The book's limits, kept as module constants for the code that only ever meets the book's chip; every
@@ -47,6 +48,7 @@ class Op(enum.IntEnum):
     UNPACK = 8
     GATHER = 9      # resident mode only (docs/resident.md): a chip with gather=1
     SCATTER = 10
+    RQC = 11        # fused requantization only (docs/fused-rq.md): a chip with mm_rq=1
 
 
 # The opcodes that exist only on a chip generated with ``gather=1`` (docs/resident.md); on the book's chip
@@ -54,16 +56,22 @@ class Op(enum.IntEnum):
 RESIDENT_OPS = (Op.GATHER, Op.SCATTER)
 
 
+# The opcodes that exist only on a chip generated with ``mm_rq=1`` (docs/fused-rq.md): RQC loads the MM
+# unit's output requantizer. On other chips opcode 11 is illegal.
+MM_RQ_OPS = (Op.RQC,)
+
+
 def legal_ops(cfg: ChipConfig = BOOK) -> tuple:
     """The opcodes the chip `cfg` executes (HALT included)."""
-    return tuple(op for op in Op if cfg.gather or op not in RESIDENT_OPS)
+    return tuple(op for op in Op if (cfg.gather or op not in RESIDENT_OPS)
+                 and (cfg.mm_rq or op not in MM_RQ_OPS))
 
 
 # The cycle counter each opcode's busy cycles go to (hardware spec 2.2): the one classification that the
 # reference machine, the compiler's cycle prediction and the reports share. HALT has no busy cycle.
 COUNTER_OF: dict[Op, str] = {Op.LD: "dma", Op.ST: "dma", Op.MM: "mm", Op.RQ: "vec", Op.SM: "vec",
                              Op.VADD: "vec", Op.AMAX: "vec", Op.UNPACK: "vec",
-                             Op.GATHER: "dma", Op.SCATTER: "dma"}
+                             Op.GATHER: "dma", Op.SCATTER: "dma", Op.RQC: "mm"}
 # Where each class sits in the counter list [total, mm, dma, vec, instructions].
 COUNTER_INDEX: dict[str, int] = {"mm": 1, "dma": 2, "vec": 3}
 
@@ -89,6 +97,7 @@ OPERANDS: dict[Op, dict[str, str]] = {
                 "g": "hi", "fl": "row_log2", "x": "pool_pages"},
     Op.SCATTER: {"a": "spad", "b": "table", "c": "table_len", "d": "base", "e": "page_log2", "f": "lo",
                  "g": "hi", "fl": "row_log2", "x": "pool_pages"},
+    Op.RQC: {"d": "m", "e": "s", "fl": "relu"},
 }
 
 
@@ -135,16 +144,27 @@ def st(src, dst, n):
     return Instr(Op.ST, a=src, b=dst, c=n)
 
 
-def mm(dst, A, B, M, K, N, lda=None, ldb=0, ldc=None, tb=0):
+def mm(dst, A, B, M, K, N, lda=None, ldb=0, ldc=None, tb=0, rq=0):
+    """MM; ``rq=1`` (a chip with mm_rq=1, docs/fused-rq.md) writes every C element requantized by the
+    registers the last RQC loaded."""
     lda = K if lda is None else lda
     ldc = N if ldc is None else ldc
     if not 0 <= lda < 1 << _STRIDE_BITS or not 0 <= ldb < 1 << _STRIDE_BITS:
         raise IsaError(f"MM stride lda={lda} / ldb={ldb} does not fit in {_STRIDE_BITS} bits")
-    return Instr(Op.MM, a=dst, b=A, c=B, d=(ldb << _STRIDE_BITS) | lda, f=M, g=K, h=N, fl=int(tb), x=ldc)
+    if rq not in (0, 1) or tb not in (0, 1):
+        raise IsaError(f"MM flags tb={tb!r} / rq={rq!r} must each be 0 or 1")
+    return Instr(Op.MM, a=dst, b=A, c=B, d=(ldb << _STRIDE_BITS) | lda, f=M, g=K, h=N,
+                 fl=(int(rq) << 1) | int(tb), x=ldc)
 
 
 def rq(dst, src, n, m, s, relu=0):
     return Instr(Op.RQ, a=dst, b=src, c=n, d=m, e=s, fl=int(relu))
+
+
+def rqc(m, s, relu=0):
+    """RQC (a chip with mm_rq=1, docs/fused-rq.md): load the MM unit's output requantizer with (m, s,
+    relu), RQ's fields and bits; the MMs with ``rq=1`` after it requantize with them."""
+    return Instr(Op.RQC, d=m, e=s, fl=int(relu))
 
 
 def sm(dst, src, n):
@@ -206,7 +226,7 @@ HW_OPERANDS: dict[Op, dict[str, tuple[int, int]]] = {
     Op.LD: {"dst": (119, 108), "src": (107, 92), "len": (87, 76)},
     Op.ST: {"src": (119, 108), "dst": (107, 92), "len": (87, 76)},
     Op.MM: {"dst": (119, 108), "A": (103, 92), "B": (87, 76), "lda": (63, 52), "ldb": (75, 64),
-            "M": (41, 38), "K": (36, 30), "N": (25, 22), "tb": (18, 18), "ldc": (11, 0)},
+            "M": (41, 38), "K": (36, 30), "N": (25, 22), "tb": (18, 18), "ldc": (11, 0), "rq": (19, 19)},
     Op.RQ: {"dst": (119, 108), "src": (103, 92), "len": (87, 76), "m": (75, 52), "s": (51, 46),
             "relu": (18, 18)},
     Op.SM: {"dst": (119, 108), "src": (103, 92), "len": (87, 76)},
@@ -220,7 +240,22 @@ HW_OPERANDS: dict[Op, dict[str, tuple[int, int]]] = {
     Op.SCATTER: {"spad": (119, 108), "table": (103, 92), "table_len": (87, 76), "base": (67, 52),
                  "page_log2": (49, 46), "lo": (45, 38), "hi": (37, 30), "row_log2": (21, 18),
                  "pool_pages": (11, 0)},
+    # docs/fused-rq.md: exactly RQ's m, s and relu bits
+    Op.RQC: {"m": (75, 52), "s": (51, 46), "relu": (18, 18)},
 }
+
+# Operands that only a chip with a generator parameter reads, (opcode, operand) -> the parameter: on a chip
+# without it the hardware ignores those bits and `validate` refuses them set. MM's rq flag (fl[1]) exists
+# on a chip with mm_rq=1 (docs/fused-rq.md).
+CHIP_OPERANDS: dict[tuple[Op, str], str] = {(Op.MM, "rq"): "mm_rq"}
+
+
+def hw_operands(op, cfg: ChipConfig = BOOK) -> dict[str, tuple[int, int]]:
+    """The operand bits of opcode `op` that the chip `cfg` reads: `HW_OPERANDS` less the operands of
+    `CHIP_OPERANDS` whose parameter `cfg` does not have (the book's MM reads no rq bit)."""
+    op = Op(op)
+    return {name: bits for name, bits in HW_OPERANDS[op].items()
+            if (op, name) not in CHIP_OPERANDS or getattr(cfg, CHIP_OPERANDS[(op, name)])}
 
 
 # The MM strides share field d: lda in its low half, ldb in its high half (the widths of HW_OPERANDS).
@@ -310,7 +345,15 @@ def validate(ins, ext_words: int | None = None, index: int | None = None, cfg: C
                            f"on this chip it is illegal (legal: 0..{max(legal_ops(cfg))})")
         _validate_resident(where, g, o, cfg, ext_words, spad_address, spad_region, ext_region)
         return o
+    if op in MM_RQ_OPS:
+        if not cfg.mm_rq:
+            raise IsaError(f"{where}: opcode {op} exists only on a chip with mm_rq=1 (fused requantization); "
+                           f"on this chip it is illegal (legal: 0..{max(legal_ops(cfg))})")
+        # m and s fill their fields (24 and 6 bits): any value is in range, as for RQ
+        return o
     if op == Op.MM:
+        if o["rq"] and not cfg.mm_rq:
+            raise IsaError(f"{where}: rq = 1 (fl bit 1) needs a chip with mm_rq=1 (fused requantization)")
         for k, fname, lim in (("M", "f", max_mn), ("K", "g", max_k), ("N", "h", max_mn)):
             hi, lo = HW_OPERANDS[Op.MM][k]
             if getattr(g, fname) >= 1 << (hi - lo + 1):     # e.g. N = 16 on a 16 x 16 array: N reads 4 bits
@@ -434,7 +477,9 @@ def busy_cycles(ins, lat: int = 8, cfg: ChipConfig = BOOK) -> int:
     if op == Op.HALT:
         return 0
     if op == Op.MM:
-        return mm_busy_cycles(o["M"], o["K"], o["N"], cfg)
+        return mm_busy_cycles(o["M"], o["K"], o["N"], cfg)      # the same with rq = 1 (docs/fused-rq.md)
+    if op == Op.RQC:
+        return RQC_BUSY
     if op in RESIDENT_OPS:
         runs = resident_runs(o["lo"], o["hi"], o["page_log2"])
         return resident_busy_cycles(op, len(runs), (o["hi"] - o["lo"]) << o["row_log2"], lat)
@@ -443,6 +488,11 @@ def busy_cycles(ins, lat: int = 8, cfg: ChipConfig = BOOK) -> int:
         return vadd_busy_cycles(n, cfg)
     return {Op.LD: n + lat + 1, Op.ST: n + 2, Op.RQ: n + 2, Op.SM: 3 * n + 47,
             Op.AMAX: n + 3, Op.UNPACK: 10 * n + 1}[Op(op)]
+
+
+# WAIT cycles of an RQC (docs/fused-rq.md): the MM unit latches (m, s, relu) at E0, is busy one cycle and
+# its done comes in W2, the shortest job the units' start/busy/done contract allows.
+RQC_BUSY = 2
 
 
 def resident_runs(lo: int, hi: int, page_log2: int) -> list[tuple[int, int, int]]:
@@ -491,4 +541,6 @@ def describe(ins) -> str:
         name = Op(op).name.lower()
     except ValueError:
         return f"illegal opcode {op}"
+    if op == Op.MM and not o["rq"]:
+        del o["rq"]         # a plain MM reads as on the book's chip
     return name + "".join(f" {k}={v}" for k, v in o.items())

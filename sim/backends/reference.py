@@ -19,6 +19,7 @@ from hdl.arith import (EXP_TABLE, SOFTMAX_NUM, argmax_first, divu, requant, s8, 
 from hdl.config import BOOK, ChipConfig
 from hdl.isa import (COUNTER_INDEX, COUNTER_OF, RESIDENT_OPS, IsaError, Op, busy_cycles, legal_ops, operands,
                      resident_busy_cycles, resident_runs, validate)
+from hdl.isa import MM_RQ_OPS
 
 from sim.backends import (MAX_CYCLES, Backend, BadInput, DidNotHalt, ErrorStop, RunResult, SimError,
                          TraceEntry, check_lat, check_max_cycles, image_words, program_words,
@@ -91,6 +92,8 @@ class ReferenceMachine(Backend):
         spad = scratchpad_words(scratchpad, cfg.spad_depth) or [0] * cfg.spad_depth
         legal = set(legal_ops(cfg))
         error = None
+        # the MM unit's output requantizer (docs/fused-rq.md): (m, s, relu), from reset at every run
+        mm_rq = (0, 0, 0)
         counters = [0, 0, 0, 0, 0]
         trace = [] if self.trace else None
         check = self.check
@@ -134,7 +137,11 @@ class ReferenceMachine(Backend):
             counters[4] += 1
             if trace is not None:
                 trace.append(TraceEntry(pc, fetch, fetch + 1, fetch + 1 + busy))
-            if op not in RESIDENT_OPS:
+            if op in MM_RQ_OPS:
+                mm_rq = (o["m"], o["s"], o["relu"])
+            elif op == Op.MM and cfg.mm_rq and o["rq"]:
+                _mm(o, spad, ext, n_ext, sp, mm_rq)
+            elif op not in RESIDENT_OPS:
                 _EXEC[op](o, spad, ext, n_ext, sp)
             pc = (pc + 1) & 0xFFFF
             if error is not None:
@@ -165,6 +172,8 @@ class ReferenceMachine(Backend):
             if o["hi"] <= o["lo"]:
                 raise IllegalInstruction(f"instruction {pc} ({op.name}): hi = {o['hi']} <= lo = {o['lo']} "
                                          f"(not modelled: docs/resident.md requires hi > lo)")
+        elif op in MM_RQ_OPS:
+            pass                # no length: RQC always ends
         elif o["len"] == 0:
             raise DidNotHalt(f"did not halt within {limit} cycles (pc {pc}: {op.name} with len = 0)")
 
@@ -261,8 +270,10 @@ def _unpack(o, spad, ext, n_ext, sp):
             spad[(base + j) & sp] = v & _W
 
 
-def _mm(o, spad, ext, n_ext, sp):
-    # every operand is staged in the operand memories before the first result is written
+def _mm(o, spad, ext, n_ext, sp, rq=None):
+    # every operand is staged in the operand memories before the first result is written; with `rq`,
+    # (m, s, relu) of the MM unit's output requantizer, each element is written requantized (an MM with
+    # rq = 1 on a chip with mm_rq = 1, docs/fused-rq.md)
     dst, A, B, lda, ldb, ldc = o["dst"], o["A"], o["B"], o["lda"], o["ldb"], o["ldc"]
     M, K, N, tb = o["M"], o["K"], o["N"], o["tb"]
     a = [[_S8[spad[(A + i * lda + k) & sp] & 0xFF] for k in range(K)] for i in range(M)]
@@ -275,7 +286,8 @@ def _mm(o, spad, ext, n_ext, sp):
         row = dst + i * ldc
         for j in range(N):
             bj = b[j]
-            spad[(row + j) & sp] = sum(x * y for x, y in zip(ai, bj)) & _W
+            c = sum(x * y for x, y in zip(ai, bj))
+            spad[(row + j) & sp] = (c if rq is None else requant(c, *rq)) & _W
 
 
 def _resident(o, spad, ext, n_ext, sp):

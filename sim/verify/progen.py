@@ -24,7 +24,8 @@ import random
 from array import array
 from dataclasses import dataclass
 
-from hdl.isa import (HW_OPERANDS, SPAD_WORDS, Instr, Op, amax, busy_cycles, halt, ld, mm, rq, sm, st, unpack,
+from hdl.config import BOOK
+from hdl.isa import (SPAD_WORDS, Instr, Op, amax, busy_cycles, halt, hw_operands, ld, mm, rq, sm, st, unpack,
                      validate, vadd)
 
 from sim.backends import MAX_CYCLES, MAX_LAT
@@ -256,11 +257,11 @@ class Knobs:
             raise ValueError(f"budget = {self.budget!r} must be a whole number of cycles in 1..{MAX_CYCLES}")
 
 
-def ignored_bits(op) -> int:
-    """The bits of a 128-bit word of opcode `op` that the hardware never reads: all but the opcode and
-    the operand fields of ``hdl.isa.HW_OPERANDS``."""
+def ignored_bits(op, cfg=BOOK) -> int:
+    """The bits of a 128-bit word of opcode `op` that the chip `cfg` never reads: all but the opcode and
+    the operand fields of ``hdl.isa.hw_operands`` (``HW_OPERANDS`` less MM's rq bit unless ``mm_rq``)."""
     used = 0xF << 124
-    for hi, lo in HW_OPERANDS[Op(op)].values():
+    for hi, lo in hw_operands(op, cfg).values():
         used |= ((1 << (hi - lo + 1)) - 1) << lo
     return ((1 << 128) - 1) & ~used
 
