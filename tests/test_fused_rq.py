@@ -76,9 +76,9 @@ def test_fused_mm_equals_mm_then_rq_on_the_reference(case):
     for i in range(M):
         for j in range(N):
             assert got.scratchpad[C_BASE + i * ldc + j] == requant(accs[i * N + j], m, s, relu) & 0xFFFFFFFF
-    # cycles: the RQC costs 2 + RQC_BUSY, counted as mm; the fused MM exactly the MM's formula
+    # cycles: the RQC costs 2 + RQC_BUSY = 3, counted as mm; the fused MM exactly the MM's formula
     rqc_entry, mm_entry = got.trace[2], got.trace[3]
-    assert rqc_entry.done - rqc_entry.issue == isa.RQC_BUSY == 2
+    assert rqc_entry.done - rqc_entry.issue == isa.RQC_BUSY == 1
     assert mm_entry.done - mm_entry.issue == isa.mm_busy_cycles(M, K, N, cfg)
     assert got.counters[1] == isa.mm_busy_cycles(M, K, N, cfg) + isa.RQC_BUSY
     assert got.counters[0] == sum(2 + isa.busy_cycles(w, 8, cfg) for w in fused[:-1]) + 2
@@ -126,7 +126,7 @@ def test_fields_constructors_and_describe():
     assert isa.describe(fused).endswith(" tb=1 ldc=3 rq=1")
     assert "rq" not in isa.describe(mm(1, 2, 3, 2, 5, 3))          # a plain MM reads as on the book's chip
     assert isa.COUNTER_OF[Op.RQC] == "mm"
-    assert isa.busy_cycles(rqc(5, 6), 8, FAST_RQ) == isa.RQC_BUSY == 2
+    assert isa.busy_cycles(rqc(5, 6), 8, FAST_RQ) == isa.RQC_BUSY == 1
     assert isa.busy_cycles(fused, 8, BOOK_RQ) == isa.busy_cycles(mm(1, 2, 3, 2, 5, 3, tb=1), 8, BOOK_RQ)
     for bad in (dict(m=1 << 24, s=0), dict(m=0, s=64), dict(m=-1, s=0)):
         with pytest.raises(IsaError, match="does not fit"):
