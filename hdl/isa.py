@@ -49,7 +49,6 @@ class Op(enum.IntEnum):
     GATHER = 9      # resident mode only (docs/resident.md): a chip with gather=1
     SCATTER = 10
     RQC = 11        # fused requantization only (docs/fused-rq.md): a chip with mm_rq=1
-    RQC = 11        # fused requantization only (docs/fused-rq.md): a chip with mm_rq=1
 
 
 # The opcodes that exist only on a chip generated with ``gather=1`` (docs/resident.md); on the book's chip
@@ -160,12 +159,6 @@ def mm(dst, A, B, M, K, N, lda=None, ldb=0, ldc=None, tb=0, rq=0):
 
 def rq(dst, src, n, m, s, relu=0):
     return Instr(Op.RQ, a=dst, b=src, c=n, d=m, e=s, fl=int(relu))
-
-
-def rqc(m, s, relu=0):
-    """RQC (a chip with mm_rq=1, docs/fused-rq.md): load the MM unit's output requantizer with (m, s,
-    relu), RQ's fields and bits; the MMs with ``rq=1`` after it requantize with them."""
-    return Instr(Op.RQC, d=m, e=s, fl=int(relu))
 
 
 def rqc(m, s, relu=0):
@@ -497,11 +490,6 @@ def busy_cycles(ins, lat: int = 8, cfg: ChipConfig = BOOK) -> int:
             Op.AMAX: n + 3, Op.UNPACK: 10 * n + 1}[Op(op)]
 
 
-# WAIT cycles of an RQC (docs/fused-rq.md): the MM unit latches (m, s, relu) at E0, is busy one cycle and
-# its done comes in W2, the shortest job the units' start/busy/done contract allows.
-RQC_BUSY = 2
-
-
 # WAIT cycles of an RQC (docs/fused-rq.md): the MM unit's requantizer registers take (m, s, relu) at E0
 # and the chip ends the WAIT at once (done in W1); no unit is started.
 RQC_BUSY = 1
@@ -553,8 +541,6 @@ def describe(ins) -> str:
         name = Op(op).name.lower()
     except ValueError:
         return f"illegal opcode {op}"
-    if op == Op.MM and not o["rq"]:
-        del o["rq"]         # a plain MM reads as on the book's chip
     if op == Op.MM and not o["rq"]:
         del o["rq"]         # a plain MM reads as on the book's chip
     return name + "".join(f" {k}={v}" for k, v in o.items())
