@@ -5,6 +5,12 @@ matmul becomes MM tiles of at most the array's size (``cfg.mm_max_mn`` square, 4
 into a temporary accumulator and one RQ, buffers are released after their last use. The program ends
 with HALT; its cycle count follows `hdl.isa.busy_cycles` for the chip it was compiled for.
 
+On a chip with ``mm_rq = 1`` (docs/fused-rq.md) a matmul's requantization is fused into its MM tiles
+instead: one RQC latches the node's (m, s, relu) into the MM unit (left out when the previous RQC of the
+program latched the same), and the tiles, with rq=1, write the int8 results straight into the node's
+buffer at the words the RQ would have written; no accumulator, no RQ. The arithmetic is the RQ's, so the
+integers are those of the unfused program.
+
 The tiles of one matmul write disjoint parts of the accumulator and each computes its dot products in
 full (K is never split), so the tile size changes the order of independent tiles and never the integers.
 """
@@ -158,6 +164,11 @@ def compile_graph(graph: Graph, calib_samples, ranges=None, ext_words: int | Non
     instrs, notes = [], []
     rq_params = {}
     loaded = set()
+    # mm_rq chips: every matmul's RQ is fused into its MM tiles (RQC + MM rq=1); latched[0] is the
+    # (m, s, relu) the MM unit's requantizer holds at this point of the program (None: not known, as at
+    # the start, where a backend's reset state is not relied on)
+    fused_rq = bool(config.mm_rq)
+    latched = [None]
     for name, address in (placed or {}).items():
         # resident weights: their buffer is fixed where the load program put them and outlives the program
         n = nodes[ext[name].node] if name in ext else None
@@ -181,6 +192,11 @@ def compile_graph(graph: Graph, calib_samples, ranges=None, ext_words: int | Non
 
     def temp(n, why):
         return spad.alloc(n, f"the temporary of {why}")
+
+    def requantizer(n, A, B):
+        M = n.attrs["scale"] * scale[A.id] * scale[B.id] / scale[n.id]
+        rq_params[n.id] = _mshift(M, f"{n.label()} requantizer")
+        return rq_params[n.id]
 
     def ensure(nid):
         n = nodes[nid]
@@ -222,18 +238,28 @@ def compile_graph(graph: Graph, calib_samples, ranges=None, ext_words: int | Non
                 raise CompileError(f"{n.label()}: inner dimension {k} of {A.label()} exceeds the matrix "
                                    f"unit's {max_k}")
             out = addr_of(n.id)
-            acc = temp(m * nn, n.label())
+            relu = int(n.id in relu_fused)
+            if fused_rq:
+                # the MM unit requantizes on its way out: its tiles write the int8 result where the RQ
+                # would have (row i, column j at out + i*nn + j), after one RQC unless it already holds
+                # these parameters
+                mant, sh = requantizer(n, A, B)
+                if latched[0] != (mant, sh, relu):
+                    emit(isa.rqc(mant, sh, relu), f"node {n.id} requantizer")
+                    latched[0] = (mant, sh, relu)
+                dst = out
+            else:
+                dst = temp(m * nn, n.label())
             for i0 in range(0, m, tile):
                 for j0 in range(0, nn, tile):
-                    emit(isa.mm(acc + i0 * nn + j0, srcs[0] + i0 * k, srcs[1] + (j0 * k if tb else j0),
+                    emit(isa.mm(dst + i0 * nn + j0, srcs[0] + i0 * k, srcs[1] + (j0 * k if tb else j0),
                                 min(tile, m - i0), k, min(tile, nn - j0), lda=k, ldb=k if tb else nn, ldc=nn,
-                                tb=int(tb)),
+                                tb=int(tb), rq=int(fused_rq)),
                          f"node {n.id} tile " + (f"i0={i0} " if m > tile else "") + f"j0={j0}")
-            M = n.attrs["scale"] * scale[A.id] * scale[B.id] / scale[n.id]
-            mant, sh = _mshift(M, f"{n.label()} requantizer")
-            rq_params[n.id] = (mant, sh)
-            emit(isa.rq(out, acc, m * nn, mant, sh, int(n.id in relu_fused)), f"node {n.id} requant")
-            spad.release(acc, m * nn)
+            if not fused_rq:
+                mant, sh = requantizer(n, A, B)
+                emit(isa.rq(out, dst, m * nn, mant, sh, relu), f"node {n.id} requant")
+                spad.release(dst, m * nn)
         elif op == "softmax":
             m, nn = n.shape
             out = addr_of(n.id)

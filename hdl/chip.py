@@ -76,13 +76,13 @@ class PortOwner(wiring.Component):
     units : dict of hdl.isa.Op to unit
         Every unit of the chip by opcode (AMAX among them); each has ``spad``, ``READS`` and ``WRITES``.
     config : hdl.config.ChipConfig
-        The chip (keyword only; the book's by default): the widths, and ``mm_load`` read ports.
+        The chip (keyword only; the book's by default): the widths, and ``spad_reads`` read ports.
 
     Ports
     -----
     cur : In(4)
         The owner's opcode (15: nobody).
-    spad : Out(SpadPort.of(config, reads=config.mm_load))
+    spad : Out(SpadPort.of(config, reads=config.spad_reads))
         To the scratchpad.
     ld, st, mm, ... : In(unit.spad.signature)
         One port per unit, named after its opcode, each the flip of the unit's ``spad``.
@@ -90,7 +90,7 @@ class PortOwner(wiring.Component):
 
     def __init__(self, units, *, config=BOOK):
         self._units = dict(units)
-        members = {"cur": In(4), "spad": Out(SpadPort.of(config, reads=config.mm_load))}
+        members = {"cur": In(4), "spad": Out(SpadPort.of(config, reads=config.spad_reads))}
         for op, unit in self._units.items():
             members[op.name.lower()] = In(unit.spad.signature)
         super().__init__(members)
@@ -110,9 +110,15 @@ class PortOwner(wiring.Component):
                         # while busy, and owns the port all that time): Amaranth's simulator then wakes
                         # no idle unit on a read, 28% less CPU on a 6-step decode (7.7 s against 10.6 s).
                         m.d.comb += [sp.raddr.eq(port.raddr), port.rdata.eq(sp.rdata)]
-                        if port.signature.reads > 1:
-                            # the scratchpad's other read ports serve only MM's operand staging
+                        reads = port.signature.reads
+                        if reads == sp.signature.reads > 1:
+                            # the scratchpad's other read ports serve MM's operand staging (and VADD's
+                            # src2 with vadd_ports = 2, docs/vadd-ports.md)
                             m.d.comb += [sp.raddr_x.eq(port.raddr_x), port.rdata_x.eq(sp.rdata_x)]
+                        elif reads > 1:
+                            # a unit with fewer read ports than the scratchpad: its own, the first ones
+                            for k in range(reads - 1):
+                                m.d.comb += [sp.raddr_x[k].eq(port.raddr_x[k]), port.rdata_x[k].eq(sp.rdata_x[k])]
                     if unit.WRITES:
                         m.d.comb += sp.we.eq(port.we)
                         if op != Op.AMAX:

@@ -29,7 +29,8 @@ class SpadPort(wiring.Signature):
         Width of a word, at least 1.
     reads : int, optional
         Read ports, at least 1 (default 1). Port 0 is ``raddr``/``rdata``, the others
-        ``raddr_x``/``rdata_x`` (only the MM unit of a chip with ``mm_load`` > 1 has them).
+        ``raddr_x``/``rdata_x`` (only the MM unit of a chip with ``mm_load`` > 1 has them, and the VADD
+        unit of a chip with ``vadd_ports`` = 2).
 
     Members
     -------
@@ -93,8 +94,8 @@ class Scratchpad(wiring.Component):
     width : int, optional
         Bits per word, at least 1 (default ``config.word_bits``).
     reads : int, optional
-        Read ports, at least 1 (default ``config.mm_load``: the MM unit stages that many operand
-        elements a cycle, one a port).
+        Read ports, at least 1 (default ``config.spad_reads``: the MM unit stages ``mm_load`` operand
+        elements a cycle, one a port, and a VADD unit with ``vadd_ports`` = 2 reads through two).
     config : hdl.config.ChipConfig
         The chip whose scratchpad this is (keyword only; the book's chip by default).
 
@@ -118,7 +119,7 @@ class Scratchpad(wiring.Component):
     def __init__(self, depth=None, width=None, reads=None, *, config=BOOK):
         depth = config.spad_depth if depth is None else depth
         width = config.word_bits if width is None else width
-        reads = config.mm_load if reads is None else reads
+        reads = config.spad_reads if reads is None else reads
         aw = check_pow2(self, "depth", depth)
         check_int(self, "width", width, 1)
         check_int(self, "reads", reads, 1)

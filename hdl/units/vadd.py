@@ -1,12 +1,22 @@
-"""VADD unit: saturating int8 vector add over one scratchpad read port (hardware spec 4.4). B = 2·len + 2.
+"""VADD unit: saturating int8 vector add (hardware spec 4.4), over one or two scratchpad read ports
+(``config.vadd_ports``, docs/vadd-ports.md).
 
-The two operands are read alternately: src1[k] in W(2k+1), src2[k] in W(2k+2); the first is held in
-`x`, the sum is written at the end of W(2k+3) and `done` is high in W(2·len+2). States: IDLE, RUN.
+One port (the book's): B = 2·len + 2. The two operands are read alternately: src1[k] in W(2k+1), src2[k]
+in W(2k+2); the first is held in `x`, the sum is written at the end of W(2k+3) and `done` is high in
+W(2·len+2). States: IDLE, RUN.
+
+Two ports: B = len + 2. src1[k] (port 0) and src2[k] (port 1) are read in W(k+1), the sum is written at
+the end of W(k+2) and `done` is high in W(len+2). States: IDLE, STREAM (`Unit.one_pass`). Reading src2[k]
+one cycle later than with one port would miss the write of element k-1, made at the same edge as the
+read, when src2[k] is that word (dst = src2 + 1 modulo the scratchpad's depth); the unit then takes the
+sum it is writing instead (`fwd`), so every placement of the operands gives the one-port result.
 """
 
 from amaranth.hdl import Module, Mux, Signal, signed
+from amaranth.lib.wiring import Out
 
 from hdl.isa import Op
+from hdl.scratchpad import SpadPort
 
 from .base import SpadUnit
 
@@ -16,16 +26,49 @@ __all__ = ["VaddUnit"]
 class VaddUnit(SpadUnit):
     """spad[dst+i] = sext(clamp(s8(spad[src1+i]) + s8(spad[src2+i]), -127, 127)).
 
-    The ports are `SpadUnit`'s. dst, src1, src2 (12 bits) and len (16 bits) are latched at E0; ``spad.raddr``
-    is ``src1 + cnt/2`` on even counts and ``src2 + cnt/2`` on odd ones; only ``spad.rdata[7:0]`` is used;
-    ``done`` is high in W(2·len+2).
+    The ports are `SpadUnit`'s, with ``config.vadd_ports`` read ports in ``spad``. dst, src1, src2 (12
+    bits) and len (16 bits) are latched at E0; only bits 7:0 of the read data are used. With one port
+    ``spad.raddr`` is ``src1 + cnt/2`` on even counts and ``src2 + cnt/2`` on odd ones and ``done`` is
+    high in W(2·len+2); with two, ``spad.raddr`` is ``src1 + i``, ``spad.raddr_x[0]`` is ``src2 + i``
+    and ``done`` is high in W(len+2).
     """
 
     OP = Op.VADD
 
+    def ports(self, cfg):
+        members = super().ports(cfg)
+        if cfg.vadd_ports == 2:
+            members["spad"] = Out(SpadPort.of(cfg, reads=2))
+        return members
+
     def elaborate(self, platform):
         m = Module()
         opr = self.operand_register()
+        if self.config.vadd_ports == 2:
+            self.one_cycle(m, opr)
+        else:
+            self.two_cycles(m, opr)
+        self.check_protocol(m, opr)
+        return m
+
+    def saturated_sum(self, m, a, b):
+        """clamp(a + b, -127, 127) of two int8 values, as a signed 8-bit signal."""
+        total = Signal(signed(9))
+        m.d.comb += total.eq(a + b)
+        result = Signal(signed(8))
+        m.d.comb += result.eq(Mux(total > 127, 127, Mux(total < -127, -127, total[:8])))
+        return result
+
+    def write_port(self, we, dst, j, result):
+        """The write side: element j's sum (sign-extended) to dst + j while `we`."""
+        return [
+            self.spad.we.eq(we),
+            self.spad.waddr.eq(dst + j),
+            self.spad.wdata.eq(result),
+        ]
+
+    def two_cycles(self, m, opr):
+        """One read port: src1[k] and src2[k] in two cycles (B = 2·len + 2)."""
         s1, s2, dst, n = opr.src1, opr.src2, opr.dst, opr.len
         j = self.addr_signal("j")
         cnt = Signal(17)
@@ -33,16 +76,11 @@ class VaddUnit(SpadUnit):
         par = Signal()
         x = Signal(signed(8))
 
-        total = Signal(signed(9))
-        m.d.comb += total.eq(x + self.spad.rdata[:8].as_signed())
-        result = Signal(signed(8))
-        m.d.comb += result.eq(Mux(total > 127, 127, Mux(total < -127, -127, total[:8])))
+        result = self.saturated_sum(m, x, self.spad.rdata[:8].as_signed())
 
         m.d.comb += [
             self.spad.raddr.eq(Mux(cnt[0], s2, s1) + cnt[1:]),
-            self.spad.we.eq(v & par),
-            self.spad.waddr.eq(dst + j),
-            self.spad.wdata.eq(result),
+            *self.write_port(v & par, dst, j, result),
         ]
         with self.control(m):
             with m.State("IDLE"):
@@ -62,5 +100,24 @@ class VaddUnit(SpadUnit):
                     with m.If(j == n - 1):
                         self.finish(m)
                         m.d.sync += v.eq(0)
-        self.check_protocol(m, opr)
-        return m
+
+    def one_cycle(self, m, opr):
+        """Two read ports: src1[k] and src2[k] in one cycle (B = len + 2), the sum written the next."""
+        s1, s2, dst, n = opr.src1, opr.src2, opr.dst, opr.len
+        i, j, v = self.one_pass(m, opr, n)
+        # fwd: src2[k] is the word element k-1 is written to (dst = src2 + 1 modulo the depth), so its
+        # read missed that write; `last` holds the sum written in the previous cycle
+        gap = self.addr_signal("gap")              # dst - src2 - 1 modulo the depth
+        m.d.comb += gap.eq(dst - s2 - 1)
+        fwd = Signal()
+        m.d.comb += fwd.eq(gap == 0)
+        last = Signal(signed(8))
+        y = Mux(fwd & (j != 0), last, self.spad.rdata_x[0][:8].as_signed())
+        result = self.saturated_sum(m, self.spad.rdata[:8].as_signed(), y)
+        with m.If(v):
+            m.d.sync += last.eq(result)
+        m.d.comb += [
+            self.spad.raddr.eq(s1 + i),
+            self.spad.raddr_x[0].eq(s2 + i),
+            *self.write_port(v, dst, j, result),
+        ]
