@@ -56,7 +56,7 @@ class BatchError(ValueError):
     """A batch the chip cannot run (the message names the row or the limit)."""
 
 
-def build_batch_graph(m, ctxs) -> Graph:
+def build_batch_graph(m, ctxs, own_rows: bool = False) -> Graph:
     """The graph of one batched step: row i attends ``ctxs[i]`` tokens (its new one included).
 
     A context of 0 marks a *cache-only* row: a prompt row before the prompt's last token, whose logits
@@ -68,6 +68,10 @@ def build_batch_graph(m, ctxs) -> Graph:
     (n-1 rows each), and ``zk``/``zv`` (one row of zeros) when B > 1 and a row has cached rows. Outputs:
     ``k_new``/``v_new`` (B x D: row i's new cache row) and, when some row is full (F of them), ``tok``
     (F x 1) and ``logits`` (F x V). Every node carries a range tag of `TAGS`.
+
+    ``own_rows=True`` (resident mode): in a batch of several rows, ``kc{i}``/``vc{i}`` hold all n rows a
+    row attends, its own new row last: the program stores the new rows into the cache before it gathers
+    (`host.batch_resident`), so no copy ``k_i + 0`` and no ``zk``/``zv`` inputs are needed.
     """
     ctxs = tuple(ctxs)
     if not ctxs or any(not isinstance(n, int) or isinstance(n, bool) or n < 0 for n in ctxs):
@@ -84,13 +88,13 @@ def build_batch_graph(m, ctxs) -> Graph:
     K = g.tag(g.matmul(X, g.weight("Wk", m["Wk"])), "k")
     Vn = g.tag(g.matmul(X, g.weight("Wv", m["Wv"])), "v")
     if F:
-        _attend_and_head(g, m, ctxs[:F], B, XF, Q, K, Vn)
+        _attend_and_head(g, m, ctxs[:F], B, XF, Q, K, Vn, own_rows)
     g.tag(g.output(K, "k_new"), "k")
     g.tag(g.output(Vn, "v_new"), "v")
     return g
 
 
-def _attend_and_head(g, m, ctxs, B, X, Q, K, Vn) -> None:
+def _attend_and_head(g, m, ctxs, B, X, Q, K, Vn, own_rows) -> None:
     """The full rows' attention (row i over its cached rows and its new one), feed-forward and head."""
     zk = zv = None
     rows_a = []
@@ -101,6 +105,9 @@ def _attend_and_head(g, m, ctxs, B, X, Q, K, Vn) -> None:
             # one row: K itself can sit right after the cached keys (the book's layout, no copy)
             keys = g.tag(g.concat_rows(g.tag(g.input(f"kc{i}", (n - 1, D)), "k"), K), "k")
             vals = g.tag(g.concat_rows(g.tag(g.input(f"vc{i}", (n - 1, D)), "v"), Vn), "v")
+        elif n > 1 and own_rows:
+            # the row's new k/v reach the cache before its rows are gathered: all n rows come from there
+            keys, vals = g.tag(g.input(f"kc{i}", (n, D)), "k"), g.tag(g.input(f"vc{i}", (n, D)), "v")
         elif n > 1:
             if zk is None:
                 zk, zv = g.tag(g.input("zk", (1, D)), "k"), g.tag(g.input("zv", (1, D)), "v")

@@ -3,7 +3,9 @@
 The weights stay in the scratchpad (one load program per session) and the KV cache stays in the chip's two
 page pools: each row of a batch GATHERs its cached rows through its own block table and SCATTERs its new
 k/v row into its page slot. The host writes only the mailbox: the B input rows x, the block tables of the
-B rows one after the other, and a zero row (the ``zk``/``zv`` inputs of `host.batch.build_batch_graph`).
+B rows one after the other. In a batch of several rows every row's new k/v row is SCATTERed before the
+first GATHER, and each row gathers its own new row with its cached ones (``own_rows`` of
+`host.batch.build_batch_graph`): no copy of it is made in the scratchpad.
 The graph, the universal calibration and so every integer are those of `host.batch`: a request served in
 resident mode gives what it gives in book mode and alone (`host.engine.decode_alone`).
 """
@@ -26,6 +28,36 @@ __all__ = ["ResidentBatchRunner"]
 def _quantize_row(row, scale):
     from compiler.image import quantize_matrix
     return quantize_matrix([list(row)], scale)[0]
+
+
+def _with_own_row(ranges, new_row):
+    """The relative row ranges `ranges` followed by the row `new_row` (merged into the last range when it
+    ends there)."""
+    ranges = [tuple(r) for r in ranges]
+    if ranges and ranges[-1][1] == new_row:
+        return ranges[:-1] + [(ranges[-1][0], new_row + 1)]
+    return ranges + [(new_row, new_row + 1)]
+
+
+def _last_write(instrs, lo, n) -> int:
+    """Index of the last instruction of `instrs` that writes a scratchpad word in ``[lo, lo + n)`` (-1: none)."""
+    last = -1
+    for i, w in enumerate(instrs):
+        o = isa.operands(w)
+        op = o["op"]
+        if op == isa.Op.MM:
+            start, end = o["dst"], o["dst"] + (o["M"] - 1) * o["ldc"] + o["N"]
+        elif op in (isa.Op.LD, isa.Op.RQ, isa.Op.SM, isa.Op.VADD):
+            start, end = o["dst"], o["dst"] + o["len"]
+        elif op == isa.Op.UNPACK:
+            start, end = o["dst"], o["dst"] + 8 * o["len"]
+        elif op == isa.Op.AMAX:
+            start, end = o["dst"], o["dst"] + 1
+        else:
+            continue
+        if start < lo + n and lo < end:
+            last = i
+    return last
 
 
 class ResidentBatchRunner:
@@ -57,9 +89,8 @@ class ResidentBatchRunner:
         one = build_batch_graph(m, (1,))
         base = plan_layout(one, config, page, n_pages, table_cap)
         B = max_batch
-        # the mailbox for B rows: x (B x D), a zero row, the tables, tok (B), logits (B x V)
-        zero = B * D
-        table_ext = zero + D
+        # the mailbox for B rows: x (B x D), the tables, tok (B), logits (B x V)
+        table_ext = B * D
         tok = table_ext + table_cap
         logits = tok + B
         staging = logits + B * V
@@ -71,7 +102,7 @@ class ResidentBatchRunner:
                                f"{page} rows, a mailbox for {B} rows); the chip has ext_words={config.ext_words}")
         self.layout = dataclasses.replace(base, x_addr=0, table_ext=table_ext, tok_addr=tok, logits_addr=logits,
                                           staging=staging, k_base=k_base, v_base=v_base, ext_needed=need)
-        self.zero_addr, self.max_batch = zero, B
+        self.max_batch = B
         self.progs: dict = {}
         self._key = (_model_key(m), config.key())
         first = self._compile((1,), [(0, 1, [], 0)])
@@ -92,7 +123,8 @@ class ResidentBatchRunner:
     def _compile(self, ctxs, specs):
         """`specs[j]` = (table offset, table length, [(lo, hi) relative rows gathered], new row) of row j."""
         lay, cfg = self.layout, self.config
-        g = build_batch_graph(self.m, ctxs)
+        own = len(ctxs) > 1             # several rows: each row's new k/v is stored before it is gathered
+        g = build_batch_graph(self.m, ctxs, own_rows=own)
         present = {n.attrs["name"] for n in g.nodes if n.op == "weight"}
         placed = {name: addr for name, (addr, _) in lay.weights.items() if name in present}
         P = compile_graph(g, [_dummy_sample(g)], ranges=self.ranges, ext_words=cfg.ext_words, config=cfg,
@@ -116,19 +148,38 @@ class ResidentBatchRunner:
                         pool_pages=lay.pool_pages)
         put(isa.ld(lay.table_addr, lay.table_ext, total_table), "load the block tables (mailbox)")
         by_addr = {ent.address: name for name, ent in e.items()}
-        for ins, note in zip(P.instrs, P.notes):
+        stores = {by_addr.get(isa.operands(w)["dst"]): isa.operands(w)["src"] for w in P.instrs
+                  if isa.operands(w)["op"] == isa.Op.ST}
+        scattered = False
+
+        def scatter_new(name, src):
+            pool = lay.k_base if name == "k_new" else lay.v_base
+            for j, spec in enumerate(specs):
+                r = spec[3]
+                put(isa.scatter(src + j * D, base=pool, lo=r, hi=r + 1, **common(j)),
+                    f"scatter row {j}'s {name} into row {r}")
+
+        for at, (ins, note) in enumerate(zip(P.instrs, P.notes)):
             o = isa.operands(ins)
+            if o["op"] == isa.Op.LD and own and not scattered and (by_addr.get(o["src"]) or "")[:2] in ("kc", "vc"):
+                # the rows' new k/v go to the cache first, so that each row's gather brings its own row too;
+                # the K and V buffers must be final by now
+                for name in ("k_new", "v_new"):
+                    last = _last_write(P.instrs, stores[name], len(specs) * D)
+                    if last >= at:
+                        raise CompileError(f"batch program {ctxs}: {name} is written at instruction {last}, "
+                                           f"after the first gather ({at})")
+                    scatter_new(name, stores[name])
+                scattered = True
             if o["op"] == isa.Op.LD:
                 name = by_addr.get(o["src"])
                 if name == "x":
                     put(isa.ld(o["dst"], lay.x_addr, o["len"]), "load x (mailbox)")
-                elif name in ("zk", "zv"):
-                    put(isa.ld(o["dst"], self.zero_addr, o["len"]), f"load {name} (the mailbox's zero row)")
                 elif name and name[:2] in ("kc", "vc"):
                     j = int(name[2:])
                     pool = lay.k_base if name[0] == "k" else lay.v_base
                     dst = o["dst"]
-                    for lo, hi in specs[j][2]:
+                    for lo, hi in _with_own_row(specs[j][2], specs[j][3]) if own else specs[j][2]:
                         put(isa.gather(dst, base=pool, lo=lo, hi=hi, **common(j)), f"gather {name} rows {lo}..{hi - 1}")
                         dst += (hi - lo) * D
                 else:
@@ -140,11 +191,8 @@ class ResidentBatchRunner:
                 elif name == "logits":
                     put(isa.st(o["src"], lay.logits_addr, o["len"]), "store logits (mailbox)")
                 elif name in ("k_new", "v_new"):
-                    pool = lay.k_base if name == "k_new" else lay.v_base
-                    for j, spec in enumerate(specs):
-                        r = spec[3]
-                        put(isa.scatter(o["src"] + j * D, base=pool, lo=r, hi=r + 1, **common(j)),
-                            f"scatter row {j}'s {name} into row {r}")
+                    if not scattered:
+                        scatter_new(name, o["src"])
                 else:
                     raise CompileError(f"batch program: unexpected store {isa.describe(ins)} ({note})")
             else:
@@ -189,8 +237,6 @@ class ResidentBatchRunner:
         xs = P.graph.nodes[P.ext_map["x"].node]
         q = _quantize_row([v for i in order for v in self.m["E"][rows[i][0]]], P.scales[xs.id])
         writes = {lay.x_addr + k: u32(v) for k, v in enumerate(q)}
-        for k in range(D):
-            writes[self.zero_addr + k] = 0
         t = lay.table_ext
         for i in order:
             for p in rows[i][1]:

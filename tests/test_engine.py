@@ -296,6 +296,29 @@ def test_resident_serving_equals_book_mode_and_each_request_alone(kw):
     _all_equal_alone(M, res, kw["window"], kw.get("sinks", 0))
 
 
+@pytest.mark.parametrize("ranges, new, want", [([(0, 3)], 3, [(0, 4)]), ([(0, 1), (4, 7)], 7, [(0, 1), (4, 8)]),
+                                                ([], 0, [(0, 1)]), ([(0, 2)], 5, [(0, 2), (5, 6)])])
+def test_a_rows_own_new_row_joins_its_gathered_ranges(ranges, new, want):
+    from host.batch_resident import _with_own_row
+    assert _with_own_row(ranges, new) == want
+
+
+def test_a_resident_batch_stores_its_new_rows_before_gathering_them_and_copies_nothing():
+    # several rows: every new k/v row is SCATTERed before the first GATHER, which brings it back with the
+    # row's cached rows; the book mode's copies (k + 0, one VADD each, and the zero rows) are gone
+    from hdl import isa
+    from hdl.config import PRESETS
+    from host.batch_resident import ResidentBatchRunner
+    fast = PRESETS["fast"]
+    r = ResidentBatchRunner(M, ReferenceMachine(config=fast), 8, fast, 4, 16, 3)
+    rows = [(1, [0, 1], [(0, 5)], 5), (2, [2, 3], [(0, 6)], 6), (3, [4], None, 2)]
+    _, counters, P = r.run(rows)
+    ops = [isa.Op(isa.operands(w)["op"]) for w in P.code]
+    assert ops.index(isa.Op.GATHER) > max(i for i, op in enumerate(ops) if op == isa.Op.SCATTER)
+    assert ops.count(isa.Op.SCATTER) == 6 and ops.count(isa.Op.VADD) == 2 and ops.count(isa.Op.LD) == 2
+    assert counters == P.counters(8)
+
+
 def test_resident_mode_needs_a_gather_chip():
     with pytest.raises(EngineError, match="gather=1"):
         Engine(M, ReferenceMachine(), mode="resident")
