@@ -9,6 +9,10 @@ A chip with ``config.gather`` also has the resident mode's GATHER and SCATTER un
 GATHER shares LD's external read port and SCATTER ST's write port, each by ``cur``, and a bad block table
 stops the chip with the error state (the next instruction acts as HALT). On the book's chip none of this
 exists: opcodes 9 and 10 are illegal and the design is the book's.
+
+A chip with ``config.mm_rq`` decodes RQC (opcode 11, docs/fused-rq.md) here: at its E0 the MM unit's
+``rqc`` input loads the unit's requantizer registers, and its one WAIT cycle ends at once (done in W1,
+counted as mm); no unit is started and the scratchpad has no owner. Without it opcode 11 is illegal.
 """
 
 from amaranth.hdl import Module, Mux, Signal
@@ -16,7 +20,7 @@ from amaranth.lib import enum, wiring
 from amaranth.lib.wiring import In, Out, connect
 
 from .config import BOOK
-from .isa import COUNTER_INDEX, COUNTER_OF, HW_OPERANDS, Op
+from .isa import COUNTER_INDEX, COUNTER_OF, HW_OPERANDS, MM_RQ_OPS, Op
 from .properties import History
 from .scratchpad import Scratchpad, SpadPort
 from .units.amax import ArgmaxUnit
@@ -227,6 +231,9 @@ class GA2(wiring.Component):
         # ---- units: the instruction register goes to everyone, `start` only to the named unit ----
         for op, unit in units.items():
             dec.d.comb += [unit.ins.eq(ins), unit.start.eq(go & (opcode == op))]
+        if cfg.mm_rq:
+            # RQC: the MM unit's requantizer registers take its fields at E0 (docs/fused-rq.md)
+            dec.d.comb += units[Op.MM].rqc.eq(go & (opcode == Op.RQC))
 
         def ld_field(name):
             hi, lo = HW_OPERANDS[Op.LD][name]
@@ -290,11 +297,15 @@ class GA2(wiring.Component):
             for op, unit in every.items():
                 with m.Case(op):
                     m.d.comb += done.eq(unit.done)
+            if cfg.mm_rq:
+                with m.Case(Op.RQC):
+                    m.d.comb += done.eq(1)          # B = 1: the registers were loaded at E0
 
         # The WAIT-cycle counter of each opcode of this chip, by its class (hdl.isa.COUNTER_OF).
         counters = [self.cyc_total, self.cyc_mm, self.cyc_dma, self.cyc_vec, self.n_inst]
         counter_of = {cls: counters[k] for cls, k in COUNTER_INDEX.items()}
-        ops_of = {cls: ops for cls in counter_of if (ops := [op for op in every if COUNTER_OF[op] == cls])}
+        answered = [*every, *(MM_RQ_OPS if cfg.mm_rq else ())]        # the opcodes this chip executes
+        ops_of = {cls: ops for cls in counter_of if (ops := [op for op in answered if COUNTER_OF[op] == cls])}
 
         # ---- sequencer (spec 2.2) ----
         with m.Switch(st):

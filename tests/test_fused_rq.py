@@ -171,3 +171,65 @@ def test_a_chip_with_mm_rq_validates_both_and_its_programs():
         assert validate(rqc(1 << 23, 20, 1), cfg=cfg) == {"op": 11, "m": 1 << 23, "s": 20, "relu": 1}
         assert validate(mm(0, 100, 200, 2, 3, 2, rq=1), cfg=cfg)["rq"] == 1
         isa.validate_program([rqc(5, 5), mm(0, 100, 200, 2, 3, 2, rq=1), halt()], cfg=cfg)
+
+
+# ---- the MM unit alone (Amaranth's simulator) ------------------------------------------------------
+
+# (chip, [(M, K, N, tb, m, s, relu, rq)]): an RQC before each MM with rq = 1 (m None: no new RQC, the
+# registers hold); the MMs with rq = 0 must write the raw int32 whatever the registers hold.
+UNIT_CASES = [
+    (BOOK_RQ, [(4, 64, 4, 0, 11_534_336, 33, 0, 1), (4, 64, 4, 1, 11_534_336, 33, 1, 1),
+               (3, 5, 2, 0, None, None, None, 1), (2, 9, 3, 1, None, None, None, 0),
+               (1, 1, 1, 0, (1 << 24) - 1, 0, 0, 1), (4, 17, 4, 0, 1 << 23, 63, 1, 1),
+               (4, 30, 3, 1, 9_000_001, 57, 0, 1), (2, 2, 2, 0, 1, 1, 0, 1)]),
+    (replace(BOOK, array=8, mm_load=4, mm_rq=1),
+     [(8, 64, 8, 0, 15_000_000, 31, 0, 1), (8, 13, 7, 1, 12_000_000, 26, 1, 1), (5, 3, 8, 0, None, None, None, 0),
+      (7, 64, 8, 1, 0, 20, 0, 1), (8, 6, 8, 0, 10_000_000, 14, 0, 1)]),
+]
+
+
+@pytest.mark.parametrize("cfg, cases", UNIT_CASES, ids=["book-mm_rq", "array8-load4-mm_rq"])
+def test_mm_unit_requantizes_its_output(cfg, cases):
+    """RQC pulses (with junk in RQC's ignored bits) and MMs with random bases, strides and overlaps on a
+    scratchpad of random words: after each MM the whole scratchpad is the golden one (`mm_model`, through
+    hdl.arith.requant when rq = 1), B is hdl.isa.mm_busy_cycles, and the registers hold what the last
+    RQC loaded."""
+    from hdl.units.mm import MatrixUnit
+    from sim.verify.progen import ignored_bits
+    from tests.test_unit_mm import mm_model, random_mm
+    from tests.unitbench import SPAD_DEPTH, simulate
+    rng = random.Random(cfg.key())
+    steps = []
+    for M, K, N, tb, m, s, relu, fused in cases:
+        load = None if m is None else rqc(m, s, relu).word | (rng.getrandbits(128) & ignored_bits(Op.RQC, cfg))
+        word = random_mm(rng, M, K, N, tb) | (fused << 19)
+        steps.append((load, word))
+    background = [rng.getrandbits(32) for _ in range(SPAD_DEPTH)]
+
+    async def bench_fn(ctx, bench):
+        unit = bench.unit
+        bench.fill(ctx, background)
+        mirror = list(background)
+        regs = (0, 0, 0)
+        assert (ctx.get(unit.rq_regs.m), ctx.get(unit.rq_regs.s), ctx.get(unit.rq_regs.relu)) == regs   # reset
+        out = []
+        for load, word in steps:
+            if load is not None:
+                ctx.set(unit.ins, load)
+                ctx.set(unit.rqc, 1)
+                await ctx.tick()
+                ctx.set(unit.rqc, 0)
+                o = operands(load)
+                regs = (o["m"], o["s"], o["relu"])
+            assert (ctx.get(unit.rq_regs.m), ctx.get(unit.rq_regs.s), ctx.get(unit.rq_regs.relu)) == regs
+            writes = mm_model(mirror, word)
+            b, _ = await bench.issue(ctx, word)
+            for addr, value in writes:
+                mirror[addr] = requant(value, *regs) & 0xFFFFFFFF if operands(word)["rq"] else value
+            bench.check_against(ctx, mirror, word)
+            await bench.idle(ctx, 1)
+            out.append(b)
+        return out
+
+    got = simulate(MatrixUnit(config=cfg), bench_fn)
+    assert got == [isa.mm_busy_cycles(*(lambda o: (o["M"], o["K"], o["N"]))(operands(w)), cfg) for _, w in steps]

@@ -17,7 +17,7 @@ from amaranth.lib import data, wiring
 from amaranth.lib.wiring import In, Out
 
 from hdl.config import BOOK
-from hdl.isa import HW_OPERANDS, Op
+from hdl.isa import HW_OPERANDS, Op, hw_operands
 from hdl.properties import unit_protocol
 from hdl.scratchpad import SpadPort
 
@@ -30,14 +30,16 @@ def operand(ins, op, name):
     return ins[lo:hi + 1]
 
 
-def operand_layout(op):
-    """A struct of every operand of `op`, each as wide as its field in ``HW_OPERANDS``."""
-    return data.StructLayout({name: hi - lo + 1 for name, (hi, lo) in HW_OPERANDS[op].items()})
+def operand_layout(op, cfg=None):
+    """A struct of every operand of `op`, each as wide as its field in ``HW_OPERANDS``; with a chip `cfg`,
+    only the operands that chip reads (``hdl.isa.hw_operands``: the book's MM has no rq flag)."""
+    fields = HW_OPERANDS[op] if cfg is None else hw_operands(op, cfg)
+    return data.StructLayout({name: hi - lo + 1 for name, (hi, lo) in fields.items()})
 
 
-def operand_bits(ins, op):
-    """Every operand of `op` from `ins`, concatenated in `operand_layout(op)` order."""
-    return Cat(operand(ins, op, name) for name in HW_OPERANDS[op])
+def operand_bits(ins, op, cfg=None):
+    """Every operand of `op` from `ins`, concatenated in `operand_layout(op, cfg)` order."""
+    return Cat(operand(ins, op, name) for name in (HW_OPERANDS[op] if cfg is None else hw_operands(op, cfg)))
 
 
 class Unit(wiring.Component):
@@ -93,8 +95,8 @@ class Unit(wiring.Component):
         return Signal(self.config.spad_addr_bits, name=name)
 
     def operand_register(self):
-        """A new register for this unit's operands, laid out as ``operand_layout(self.OP)``."""
-        return Signal(operand_layout(self.OP), name="opr")
+        """A new register for this unit's operands, laid out as ``operand_layout(self.OP, self.config)``."""
+        return Signal(operand_layout(self.OP, self.config), name="opr")
 
     @contextmanager
     def control(self, m):
@@ -110,7 +112,7 @@ class Unit(wiring.Component):
 
     def begin(self, m, opr):
         """At E0 (under ``start`` in IDLE): latch the operands into `opr`."""
-        m.d.sync += opr.eq(operand_bits(self.ins, self.OP))
+        m.d.sync += opr.eq(operand_bits(self.ins, self.OP, self.config))
 
     def finish(self, m):
         """The last working edge (inside a state of `control`): pulse done, cleared by `done_pulse` one

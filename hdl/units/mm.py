@@ -19,17 +19,27 @@ group of A; B's group of L columns goes to L lanes at one k.
 
 None of it depends on the array's size: RUN streams K+M+N-2 cycles of the instruction's M and N, and
 the rows and columns past them are fed zeros they never use.
+
+Fused requantization (``config.mm_rq``, docs/fused-rq.md): the unit has three output-requantizer
+registers (m, s, relu), reset to 0, loaded from the instruction register at the edge where the ``rqc``
+input is high (the chip raises it at E0 of an RQC; the unit need not be idle, and nothing else changes).
+An MM whose rq flag (latched at E0 with the other operands) is set writes every C element through one
+combinational `hdl.requant.Requantizer` fed by those registers: ``sext8(requant(C, m, s, relu))``, in the
+same OUT cycle, so the timing contract above is unchanged. With ``mm_rq = 0`` none of it exists.
 """
 from amaranth.hdl import Cat, Module, Mux, Signal, signed
 from amaranth.lib import data
 from amaranth.lib.memory import Memory
-from amaranth.lib.wiring import Out
+from amaranth.lib.wiring import In, Out
+
+from hdl.config import BOOK
 
 from hdl.isa import Op
+from hdl.requant import Requantizer
 from hdl.scratchpad import SpadPort
 from hdl.systolic import SystolicArray
 
-from .base import SpadUnit, operand
+from .base import SpadUnit, operand, operand_bits, operand_layout
 
 __all__ = ["MatrixUnit"]
 
@@ -47,12 +57,25 @@ class MatrixUnit(SpadUnit):
     spad : Out(SpadPort.of(config, reads=L))
         The scratchpad port; when L > 1, ``spad.raddr_x[j]`` is the address of read port j+1,
         ``ptr + (j+1)*step``, and ``spad.rdata_x[j]`` its registered read data.
+    rqc : In(1)
+        Only with ``config.mm_rq``: at an edge where it is high the requantizer registers take (m, s,
+        relu) from ``ins`` (RQC's fields, ``hdl.isa.HW_OPERANDS[Op.RQC]``).
+
+    Attributes
+    ----------
+    rq_regs : Signal or None
+        With ``config.mm_rq``, the output-requantizer registers as one struct (m, s, relu), for tests.
     """
 
     OP = Op.MM
 
     def ports(self, cfg):
-        return {**super().ports(cfg), "spad": Out(SpadPort.of(cfg, reads=cfg.mm_load))}
+        extra = {"rqc": In(1)} if cfg.mm_rq else {}
+        return {**super().ports(cfg), "spad": Out(SpadPort.of(cfg, reads=cfg.mm_load)), **extra}
+
+    def __init__(self, *, config=BOOK):
+        super().__init__(config=config)
+        self.rq_regs = Signal(operand_layout(Op.RQC), name="rq_regs") if config.mm_rq else None
 
     def elaborate(self, platform):
         m = Module()
@@ -136,10 +159,18 @@ class MatrixUnit(SpadUnit):
 
         # PE(m, n)'s accumulator is c[m * n_arr + n]: the low log2(n_arr) bits of each counter.
         lg = (n_arr - 1).bit_length()
-        m.d.comb += [
-            self.spad.waddr.eq(oaddr),
-            self.spad.wdata.eq(array.c[Cat(ni[:lg], mi[:lg])] if lg else array.c[0]),
-        ]
+        c_out = array.c[Cat(ni[:lg], mi[:lg])] if lg else array.c[0]
+        m.d.comb += self.spad.waddr.eq(oaddr)
+        if cfg.mm_rq:
+            # the output requantizer (docs/fused-rq.md): C through one Requantizer when the MM's rq is set
+            regs = self.rq_regs
+            with m.If(self.rqc):
+                m.d.sync += regs.eq(operand_bits(self.ins, Op.RQC))
+            m.submodules.requant = rq = Requantizer()
+            m.d.comb += [rq.acc.eq(c_out), rq.m.eq(regs.m), rq.s.eq(regs.s), rq.relu.eq(regs.relu),
+                         self.spad.wdata.eq(Mux(opr.rq, rq.q, c_out))]     # q is signed(8): sign-extended
+        else:
+            m.d.comb += self.spad.wdata.eq(c_out)
 
         with self.control(m) as fsm:
             with m.State("IDLE"):

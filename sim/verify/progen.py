@@ -25,8 +25,8 @@ from array import array
 from dataclasses import dataclass
 
 from hdl.config import BOOK
-from hdl.isa import (SPAD_WORDS, Instr, Op, amax, busy_cycles, halt, hw_operands, ld, mm, rq, sm, st, unpack,
-                     validate, vadd)
+from hdl.isa import (SPAD_WORDS, Instr, Op, amax, busy_cycles, halt, hw_operands, ld, mm, rq, rqc, sm, st,
+                     unpack, validate, vadd)
 
 from sim.backends import MAX_CYCLES, MAX_LAT
 from sim.formats.hexfile import ProgramRecord, make_record
@@ -67,12 +67,29 @@ def _random_image(rng: random.Random, ext: int) -> list[int]:
     return img
 
 
+def _random_rqc(rng: random.Random) -> Instr:
+    """An RQC (a chip with mm_rq=1, docs/fused-rq.md) with RQ's mix of multipliers and shifts."""
+    m = rng.choice([rng.randint(1 << 23, (1 << 24) - 1), rng.getrandbits(24), 0, (1 << 24) - 1])
+    s = rng.choice([rng.randint(10, 40), rng.randint(0, 63), 0, 63])
+    return rqc(m, s, relu=rng.randint(0, 1))
+
+
+def _maybe_fused(rng: random.Random, ins: Instr, mm_rq: bool) -> Instr:
+    """On a chip with mm_rq=1 an MM gets its rq flag (fl[1]) one time in two; elsewhere `ins` as it is
+    (and no random number is drawn, so the book's programs do not change)."""
+    if mm_rq and rng.random() < 0.5:
+        return Instr(**{**{f: getattr(ins, f) for f in ("op", "a", "b", "c", "d", "e", "f", "g", "h", "x")},
+                        "fl": ins.fl | 2})
+    return ins
+
+
 class _Gen:
     """State of one program being generated."""
 
-    def __init__(self, rng: random.Random, ext: int):
+    def __init__(self, rng: random.Random, ext: int, mm_rq: bool = False):
         self.rng = rng
         self.ext = ext
+        self.mm_rq = mm_rq
         self.src_words, self.st_zone, self.final_dst = _ext_layout(ext)
 
     # -- regions --
@@ -119,7 +136,10 @@ class _Gen:
         A = self.anywhere(span_a) if span_a <= RESULT_LEN else rng.randint(0, 4 * ARENA - span_a)
         B = self.anywhere(span_b) if span_b <= RESULT_LEN else rng.randint(0, 4 * ARENA - span_b)
         dst = rng.randint(RESULT_BASE, RESULT_BASE + RESULT_LEN - span_c)   # MM may overlap freely
-        return mm(dst, A, B, M=M, K=K, N=N, lda=lda, ldb=ldb, ldc=ldc, tb=tb)
+        return _maybe_fused(rng, mm(dst, A, B, M=M, K=K, N=N, lda=lda, ldb=ldb, ldc=ldc, tb=tb), self.mm_rq)
+
+    def rqc(self) -> Instr:
+        return _random_rqc(self.rng)
 
     def unary_dst(self, src: int, n: int) -> int:
         """dst identical to src (in place, when src is a result) or disjoint from it."""
@@ -181,8 +201,9 @@ class _Gen:
 _KINDS = ("mm", "mm", "rq", "sm", "vadd", "amax", "unpack", "ld", "st")
 
 
-def _classic_program(rng: random.Random, ext: int) -> tuple[list[int], list[int]]:
-    g = _Gen(rng, ext)
+def _classic_program(rng: random.Random, ext: int, cfg=BOOK) -> tuple[list[int], list[int]]:
+    g = _Gen(rng, ext, bool(cfg.mm_rq))
+    kinds = _KINDS + (("rqc",) if cfg.mm_rq else ())
     image = _random_image(rng, ext)
     prog: list[Instr] = []
     for base, n in LAYOUT["arenas"]:
@@ -194,7 +215,7 @@ def _classic_program(rng: random.Random, ext: int) -> tuple[list[int], list[int]
     target = rng.randint(10, 25)
     body = 0
     while body < target:
-        ins = getattr(g, rng.choice(_KINDS))()
+        ins = getattr(g, rng.choice(kinds))()
         if ins is None:
             continue
         prog.append(ins)
@@ -203,7 +224,7 @@ def _classic_program(rng: random.Random, ext: int) -> tuple[list[int], list[int]
     prog.append(halt())
     words = [i.word for i in prog]
     for pc, w in enumerate(words):
-        validate(w, ext_words=ext, index=pc)
+        validate(w, ext_words=ext, index=pc, cfg=cfg)
     return words, image
 
 
@@ -318,8 +339,9 @@ def _wide_image(rng: random.Random, ext: int) -> list[int]:
 class _Wide:
     """State of one wide program being generated: the knobs, the last instruction's output."""
 
-    def __init__(self, rng: random.Random, ext: int, lat: int, knobs: Knobs):
+    def __init__(self, rng: random.Random, ext: int, lat: int, knobs: Knobs, mm_rq: bool = False):
         self.rng, self.ext, self.lat, self.k = rng, ext, lat, knobs
+        self.mm_rq = mm_rq
         # External memory: body STs write below `zone`, the final stores from `zone` up.
         self.zone = ext - _SPAD if ext >= 2 * _SPAD else ext // 4
         self.prev: tuple[str, int, int] | None = None      # ("spad" | "ext", start, length) last written
@@ -385,7 +407,11 @@ class _Wide:
         span_c = (M - 1) * ldc + N
         A, B = self.source(span_a), self.source(span_b)
         dst = rng.randint(0, _SPAD - span_c)          # the operands are staged first: any overlap is fine
-        return mm(dst, A, B, M=M, K=K, N=N, lda=lda, ldb=ldb, ldc=ldc, tb=tb), ("spad", dst, span_c)
+        ins = mm(dst, A, B, M=M, K=K, N=N, lda=lda, ldb=ldb, ldc=ldc, tb=tb)
+        return _maybe_fused(rng, ins, self.mm_rq), ("spad", dst, span_c)
+
+    def rqc(self):
+        return _random_rqc(self.rng), self.prev         # writes nothing: the chain goes on
 
     def rq(self):
         rng = self.rng
@@ -461,17 +487,18 @@ def _final_stores(rng: random.Random, ext: int, zone: int) -> list[Instr]:
     return [st(rng.randint(0, _SPAD - n), zone, n)]
 
 
-def _with_junk(rng: random.Random, word: int, p: float) -> int:
+def _with_junk(rng: random.Random, word: int, p: float, cfg=BOOK) -> int:
     if rng.random() >= p:
         return word
-    mask = ignored_bits(word >> 124)
+    mask = ignored_bits(word >> 124, cfg)
     return word | (mask if rng.random() < 0.25 else rng.getrandbits(128) & mask)
 
 
-def _wide_program(rng: random.Random, ext: int, lat: int, k: Knobs) -> tuple[list[int], list[int]]:
+def _wide_program(rng: random.Random, ext: int, lat: int, k: Knobs, cfg=BOOK) -> tuple[list[int], list[int]]:
     if ext < 1024:
         raise ValueError(f"ext = {ext} words is too small for wide programs (need >= 1024)")
-    g = _Wide(rng, ext, lat, k)
+    g = _Wide(rng, ext, lat, k, bool(cfg.mm_rq))
+    kinds = _WIDE_KINDS + (("rqc",) if cfg.mm_rq else ())
     image = _wide_image(rng, ext)
     cost = lambda ins: 2 + busy_cycles(ins, lat)                        # noqa: E731
     tail = _final_stores(rng, ext, g.zone)
@@ -486,11 +513,11 @@ def _wide_program(rng: random.Random, ext: int, lat: int, k: Knobs) -> tuple[lis
         raise ValueError(f"budget = {k.budget} cycles is too small for a wide program at EXT {ext}, "
                          f"LAT {lat} (needs {used})")
     target, tries = rng.randint(8, 40), 0
-    kind = rng.choice(_WIDE_KINDS)
+    kind = rng.choice(kinds)
     while len(prog) < target + 2 and tries < 4 * target:
         tries += 1
         if rng.random() >= k.repeat:
-            kind = rng.choice(_WIDE_KINDS)
+            kind = rng.choice(kinds)
         ins, out = getattr(g, kind)()
         c = cost(ins)
         if used + c > k.budget:
@@ -501,12 +528,13 @@ def _wide_program(rng: random.Random, ext: int, lat: int, k: Knobs) -> tuple[lis
     prog += tail + [halt()]
     words_out = []
     for pc, ins in enumerate(prog):
-        validate(ins.word, ext_words=ext, index=pc)       # the program as meant; the junk comes on top
-        words_out.append(_with_junk(rng, ins.word, k.junk))
+        validate(ins.word, ext_words=ext, index=pc, cfg=cfg)     # the program as meant; the junk on top
+        words_out.append(_with_junk(rng, ins.word, k.junk, cfg))
     return words_out, image
 
 
-def random_program(rng, ext: int = 2048, knobs: Knobs | None = None, lat: int = 8) -> tuple[list[int], list[int]]:
+def random_program(rng, ext: int = 2048, knobs: Knobs | None = None, lat: int = 8,
+                   config=None) -> tuple[list[int], list[int]]:
     """One random program (128-bit words, HALT last) and its initial external image of `ext` words.
 
     Parameters
@@ -521,12 +549,16 @@ def random_program(rng, ext: int = 2048, knobs: Knobs | None = None, lat: int = 
         cleared, so a reference machine must run it unchecked (``ReferenceMachine(check=False)``).
     lat : int
         The external read latency the program's cycle budget is counted at (wide programs only).
+    config : hdl.config.ChipConfig, optional
+        The chip (default the book's). Only ``mm_rq`` changes the programs: with it they also carry RQCs
+        and MMs with the rq flag (docs/fused-rq.md), and the junk spares MM's rq bit.
     """
     if not isinstance(rng, random.Random):
         rng = random.Random(rng)
+    cfg = BOOK if config is None else config
     if knobs is None or not knobs.wide:
-        return _classic_program(rng, ext)
-    return _wide_program(rng, ext, lat, knobs)
+        return _classic_program(rng, ext, cfg)
+    return _wide_program(rng, ext, lat, knobs, cfg)
 
 
 # ---- the mix that sim.verify.fuzz runs ------------------------------------------------------------------
@@ -584,7 +616,7 @@ def fuzz_case(seed: int, index: int, configs=MIX_CONFIGS, budget: int = MAX_CYCL
         return FuzzCase(seed, index, ext, lat, None, program, image, spad)
     rng = random.Random(f"ga2-fuzz {seed} {index} {ext} {lat}")
     knobs = draw_knobs(rng, budget)
-    program, image = random_program(rng, ext, knobs, lat)
+    program, image = random_program(rng, ext, knobs, lat, config)
     return FuzzCase(seed, index, ext, lat, knobs, program, image)
 
 
