@@ -3,6 +3,11 @@
 Buffers are planned once (model spec 4.5-4.7) and get a scratchpad address lazily, the first time
 emission asks for one, from a first-fit allocator with coalescing (4.8); the allocation order, not
 the buffer ids, decides the addresses.
+
+On a chip with ``mm_pack = 1`` (docs/mm-fast.md) an int8 weight that is only ever the B operand of
+untransposed matmuls is stored packed, four int8 a word (`packed_weights`): element (i, j) is byte j % 4
+(byte 0 = bits 7:0) of word ``i * ceil(cols / 4) + j // 4``, in the external image and in its scratchpad
+buffer alike, and its MM tiles read it with ``pb = 1``.
 """
 from __future__ import annotations
 
@@ -13,13 +18,49 @@ from hdl.config import BOOK
 from .graph import CompileError, Graph
 
 __all__ = ["Buffer", "ExtEntry", "Allocator", "plan_buffers", "plan_lifetimes", "plan_external",
-           "packed_words"]
+           "packed_words", "packed_weights", "pack_rows", "PACK"]
+
+PACK = 4        # int8 values a word of a packed weight (mm_pack chips)
 
 
-def packed_words(node) -> int:
-    """External words of an input/weight/output: one value a word, int4 weights eight a word."""
+def packed_weights(graph: Graph, config=BOOK) -> frozenset:
+    """Ids of the weights stored four int8 a word: on a chip with ``mm_pack = 1``, every int8 weight whose
+    consumers are all matmuls reading it as their B operand untransposed (MM's ``pb`` needs ``tb = 0``);
+    none on any other chip. A weight read any other way (as A, transposed, sliced, added, stored) keeps
+    one value a word."""
+    if not getattr(config, "mm_pack", 0):
+        return frozenset()
+    out = set()
+    for n in graph.nodes:
+        if n.op != "weight" or n.attrs.get("bits", 8) != 8:
+            continue
+        users = [graph.nodes[c] for c in graph.consumers(n.id)]
+        if users and all(c.op == "matmul" and c.ins[1] == n.id and c.ins[0] != n.id
+                         and not c.attrs["transpose_b"] for c in users):
+            out.add(n.id)
+    return frozenset(out)
+
+
+def pack_rows(rows) -> list:
+    """The words of an int8 matrix packed four a word: row by row, ceil(cols / 4) words a row, value j of
+    a row in byte j % 4 of the row's word j // 4 (two's complement bytes, unused bytes 0)."""
+    words = []
+    for row in rows:
+        for w0 in range(0, len(row), PACK):
+            w = 0
+            for b, v in enumerate(row[w0:w0 + PACK]):
+                w |= (v & 0xFF) << (8 * b)
+            words.append(w)
+    return words
+
+
+def packed_words(node, packed: bool = False) -> int:
+    """Words of an input/weight/output: one value a word, int4 weights eight a word, a packed int8
+    weight (`packed_weights`) ceil(cols / 4) a row."""
     if node.op == "weight" and node.attrs.get("bits", 8) == 4:
         return -(-node.size // 8)
+    if packed:
+        return node.rows * -(-node.cols // PACK)
     return node.size
 
 
@@ -46,13 +87,15 @@ class Buffer:
 
 @dataclass
 class ExtEntry:
-    """One region of external memory: an input, a weight or an output."""
+    """One region of external memory: an input, a weight or an output (``packed``: a weight stored four
+    int8 a word, `packed_weights`)."""
     name: str
     address: int
     shape: tuple
     node: int
     kind: str
     words: int
+    packed: bool = False
 
 
 class Allocator:
@@ -94,8 +137,9 @@ class Allocator:
         self.free = merged
 
 
-def plan_buffers(graph: Graph):
-    """Return ``(loc, buffers)``: loc[node id] = (buffer id, row offset) or None; buffers by id."""
+def plan_buffers(graph: Graph, packed=frozenset()):
+    """Return ``(loc, buffers)``: loc[node id] = (buffer id, row offset) or None; buffers by id. The
+    weights whose ids are in `packed` get buffers of their packed size."""
     nodes = graph.nodes
     loc = [None] * len(nodes)
     buffers: list[Buffer] = []
@@ -108,7 +152,10 @@ def plan_buffers(graph: Graph):
         if n.op in ("output", "argmax", "slice"):
             continue
         if loc[n.id] is None:
-            words = -(-n.size // 8) * 8 if n.op == "weight" and n.attrs.get("bits", 8) == 4 else n.size
+            if n.op == "weight" and n.attrs.get("bits", 8) == 4:
+                words = -(-n.size // 8) * 8
+            else:
+                words = packed_words(n, n.id in packed)
             loc[n.id] = (new_buffer(words), 0)
         if n.op == "relu":
             src = nodes[n.ins[0]]
@@ -152,8 +199,9 @@ def plan_lifetimes(graph: Graph, loc, buffers) -> None:
                 b.last_use = max(b.last_use, n.id)
 
 
-def plan_external(graph: Graph, ext_size: int) -> dict:
-    """The external map: inputs and weights in node order from address 0, then the outputs."""
+def plan_external(graph: Graph, ext_size: int, packed=frozenset()) -> dict:
+    """The external map: inputs and weights in node order from address 0, then the outputs; the weights
+    whose ids are in `packed` take their packed words."""
     ext = {}
     addr = 0
     order = [n for n in graph.nodes if n.op in ("input", "weight")] + \
@@ -163,8 +211,8 @@ def plan_external(graph: Graph, ext_size: int) -> dict:
         if name in ext:
             raise CompileError(f"{n.label()}: the external name {name!r} is used twice")
         kind = n.op
-        words = packed_words(n)
-        ext[name] = ExtEntry(name, addr, n.shape, n.id, kind, words)
+        words = packed_words(n, n.id in packed)
+        ext[name] = ExtEntry(name, addr, n.shape, n.id, kind, words, packed=n.id in packed)
         addr += words
     if addr > ext_size:
         raise CompileError(f"external memory too small: the program needs {addr} words, the chip has {ext_size}")

@@ -11,6 +11,11 @@ program latched the same), and the tiles, with rq=1, write the int8 results stra
 buffer at the words the RQ would have written; no accumulator, no RQ. The arithmetic is the RQ's, so the
 integers are those of the unfused program.
 
+On a chip with ``mm_pack = 1`` (docs/mm-fast.md) the int8 weights that only feed matmuls as their
+untransposed B operand are stored four a word (`compiler.buffers.packed_weights`): their LD moves
+ceil(cols/4) words a row, and their tiles read them with ``pb = 1``, the B address and ``ldb`` in words
+(a tile's first column is a multiple of the array size, hence of 4, or the compiler refuses).
+
 The tiles of one matmul write disjoint parts of the accumulator and each computes its dot products in
 full (K is never split), so the tile size changes the order of independent tiles and never the integers.
 """
@@ -22,7 +27,7 @@ from hdl import isa
 from hdl.arith import mantissa_shift
 from hdl.config import BOOK, ChipConfig
 
-from .buffers import Allocator, plan_buffers, plan_external, plan_lifetimes
+from .buffers import PACK, Allocator, packed_weights, plan_buffers, plan_external, plan_lifetimes
 from .graph import CompileError, Graph
 from .scales import fuse_relus, plan_scales
 
@@ -150,9 +155,10 @@ def compile_graph(graph: Graph, calib_samples, ranges=None, ext_words: int | Non
     nodes = graph.nodes
     relu_fused = fuse_relus(graph)
     scale, rng, warnings = plan_scales(graph, calib_samples, ranges)
-    loc, buffers = plan_buffers(graph)
+    packed = packed_weights(graph, config)      # mm_pack chips: weights stored four int8 a word
+    loc, buffers = plan_buffers(graph, packed)
     plan_lifetimes(graph, loc, buffers)
-    ext = plan_external(graph, ext_words)
+    ext = plan_external(graph, ext_words, packed)
 
     # buffers that hold more than one tensor (a concat's, a relu's): UNPACK writes whole words of eight
     # values, so a 4-bit weight placed in one of them is unpacked aside and copied to its place
@@ -215,7 +221,8 @@ def compile_graph(graph: Graph, calib_samples, ranges=None, ext_words: int | Non
                     spad.release(u, 8 * e.words)
                 spad.release(t, e.words)
             else:
-                emit(isa.ld(dst, e.address, n.size), f"load {e.name}")
+                emit(isa.ld(dst, e.address, e.words if e.packed else n.size),
+                     f"load {e.name}" + (" (four a word)" if e.packed else ""))
             loaded.add(nid)
         return addr_of(nid)
 
@@ -250,11 +257,18 @@ def compile_graph(graph: Graph, calib_samples, ranges=None, ext_words: int | Non
                 dst = out
             else:
                 dst = temp(m * nn, n.label())
+            pb = B.id in packed             # B four int8 a word: its address and ldb count words
             for i0 in range(0, m, tile):
                 for j0 in range(0, nn, tile):
-                    emit(isa.mm(dst + i0 * nn + j0, srcs[0] + i0 * k, srcs[1] + (j0 * k if tb else j0),
-                                min(tile, m - i0), k, min(tile, nn - j0), lda=k, ldb=k if tb else nn, ldc=nn,
-                                tb=int(tb), rq=int(fused_rq)),
+                    if pb and j0 % PACK:
+                        raise CompileError(f"{n.label()}: a tile starting at column {j0} of the packed "
+                                           f"{B.label()} is not word-aligned (array {tile} is not a "
+                                           f"multiple of {PACK})")
+                    b_addr = srcs[1] + (j0 * k if tb else j0 // PACK if pb else j0)
+                    ldb = k if tb else -(-nn // PACK) if pb else nn
+                    emit(isa.mm(dst + i0 * nn + j0, srcs[0] + i0 * k, b_addr,
+                                min(tile, m - i0), k, min(tile, nn - j0), lda=k, ldb=ldb, ldc=nn,
+                                tb=int(tb), rq=int(fused_rq), **({"pb": 1} if pb else {})),
                          f"node {n.id} tile " + (f"i0={i0} " if m > tile else "") + f"j0={j0}")
             if not fused_rq:
                 mant, sh = requantizer(n, A, B)

@@ -1,13 +1,15 @@
 """The external-memory image of a run, the readback of its outputs, and `run` on a backend.
 
 The image holds every input and weight quantized at its node's scale, one two's-complement value a
-word (int4 weights: eight nibbles a word, low nibble first); output regions start at zero
+word (int4 weights: eight nibbles a word, low nibble first; on an mm_pack chip the int8 weights that only
+feed matmuls as B, four bytes a word, `compiler.buffers.pack_rows`); output regions start at zero
 (model spec 4.11, 4.12). Readback turns the output regions back into integers and floats.
 """
 from __future__ import annotations
 
 from hdl.arith import clamp, quantize, rha, s8, s32, u32
 
+from .buffers import pack_rows
 from .graph import CompileError
 
 __all__ = ["ext_image", "readback", "run", "quantize_matrix", "quantized_inputs"]
@@ -64,6 +66,11 @@ def ext_image(P, inputs, ext_size: int | None = None) -> list:
                 for j, v in enumerate(flat[8 * i:8 * i + 8]):
                     w |= (v & 0xF) << (4 * j)
                 image[e.address + i] = w
+        elif e.packed:                                        # four int8 a word, ceil(cols/4) words a row
+            words = pack_rows(mat)
+            if len(words) != e.words:
+                raise CompileError(f"weight {name!r}: {len(words)} packed words, the map has {e.words}")
+            image[e.address:e.address + e.words] = words
         else:
             for i, v in enumerate(flat):
                 image[e.address + i] = u32(v)

@@ -25,7 +25,9 @@ External memory (words)::
 
 Scratchpad: ``[0, spad_limit)`` belongs to the step programs' allocator (and to the page copy's scratch
 rows); the block table sits at ``table_addr`` (table_cap words) and the weights from ``weights_base`` to
-the top.
+the top. On a chip with ``mm_pack = 1`` the weights that the compiler packs (`compiler.buffers.
+packed_weights`: int8, only ever an untransposed B operand) are staged and kept four int8 a word, as
+every step program reads them (``pb = 1``); the layout's ``packed`` names them.
 """
 from __future__ import annotations
 
@@ -36,6 +38,7 @@ from hdl import isa
 from hdl.arith import quantize, u32
 from hdl.config import ChipConfig
 
+from .buffers import pack_rows, packed_weights, packed_words
 from .emit import Program, compile_graph
 from .graph import CompileError, Graph
 from .image import quantize_matrix
@@ -67,6 +70,8 @@ class ResidentLayout:
     x_addr, table_ext, tok_addr, logits_addr, staging, k_base, v_base, ext_needed : int
         External memory: the mailbox (x, the table, tok, logits), the weights' staging area, the two
         pools, and the words the layout needs in all.
+    packed : frozenset
+        Names of the weights stored four int8 a word (mm_pack chips; empty on any other).
     """
     config: ChipConfig
     row_words: int
@@ -85,6 +90,7 @@ class ResidentLayout:
     k_base: int
     v_base: int
     ext_needed: int
+    packed: frozenset = frozenset()
 
     @property
     def page_log2(self) -> int:
@@ -134,7 +140,8 @@ def plan_layout(graph: Graph, config: ChipConfig, page_rows: int, pool_pages: in
         raise CompileError(f"resident mode's pool holds 1..4095 pages (the 12-bit pool_pages field), "
                            f"not {pool_pages}")
     weights = {}
-    sizes = [(n.attrs["name"], n.size) for n in graph.nodes if n.op == "weight"]
+    packed = packed_weights(graph, config)      # mm_pack chips: these are kept four int8 a word
+    sizes = [(n.attrs["name"], packed_words(n, n.id in packed)) for n in graph.nodes if n.op == "weight"]
     total = sum(s for _, s in sizes)
     weights_base = config.spad_depth - total
     table_addr = weights_base - table_cap
@@ -164,25 +171,28 @@ def plan_layout(graph: Graph, config: ChipConfig, page_rows: int, pool_pages: in
                           weights=weights, weights_base=weights_base, table_addr=table_addr,
                           table_cap=table_cap, spad_limit=spad_limit, x_addr=0, table_ext=table_ext,
                           tok_addr=tok_addr, logits_addr=logits_addr, staging=staging, k_base=k_base,
-                          v_base=v_base, ext_needed=ext_needed)
+                          v_base=v_base, ext_needed=ext_needed,
+                          packed=frozenset(graph.nodes[i].attrs["name"] for i in packed))
 
 
 def _weight_values(P: Program) -> dict:
-    """Weight name -> (scale, quantized int8 rows) of a compiled program."""
+    """Weight name -> (scale, quantized int8 rows, stored packed) of a compiled program."""
     out = {}
+    packed = packed_weights(P.graph, P.config)
     for n in P.graph.nodes:
         if n.op == "weight":
-            out[n.attrs["name"]] = (P.scales[n.id], quantize_matrix(n.attrs["array"], P.scales[n.id]))
+            out[n.attrs["name"]] = (P.scales[n.id], quantize_matrix(n.attrs["array"], P.scales[n.id]),
+                                    n.id in packed)
     return out
 
 
 def check_same_weights(reference: dict, P: Program, what: str) -> None:
-    """Refuse a program whose weights' scales or integers differ from those the load program wrote (a
-    program may use some of the resident weights only, as a batch of cache-only rows does)."""
+    """Refuse a program whose weights' scales, integers or packing differ from those the load program
+    wrote (a program may use some of the resident weights only, as a batch of cache-only rows does)."""
     got = _weight_values(P)
     if not set(got) <= set(reference):
         raise CompileError(f"{what}: its weights {sorted(got)} are not among the resident ones {sorted(reference)}")
-    for name, (scale, ints) in reference.items():
+    for name, (scale, ints, packed) in reference.items():
         if name not in got:
             continue
         if got[name][0] != scale:
@@ -190,6 +200,9 @@ def check_same_weights(reference: dict, P: Program, what: str) -> None:
                                f"{scale!r}")
         if got[name][1] != ints:
             raise CompileError(f"{what}: weight {name!r} quantizes to other integers than the resident copy")
+        if got[name][2] != packed:
+            raise CompileError(f"{what}: weight {name!r} is read " + ("four int8 a word" if got[name][2] else
+                               "one int8 a word") + ", the resident copy is not stored so")
 
 
 @dataclass
@@ -202,7 +215,8 @@ class LoadProgram:
     writes : dict
         External address -> word: the weights at the staging area.
     weights : dict
-        Weight name -> (scale, int8 rows) written; every step program must use exactly these.
+        Weight name -> (scale, int8 rows, stored packed) written; every step program must use exactly
+        these.
     """
     code: list
     writes: dict
@@ -222,11 +236,15 @@ def compile_load(layout: ResidentLayout, P: Program) -> LoadProgram:
     values = _weight_values(P)
     writes = {}
     for name, (addr, size) in layout.weights.items():
-        flat = [v for row in values[name][1] for v in row]
+        pack = name in layout.packed
+        if values[name][2] != pack:
+            raise CompileError(f"weight {name!r}: the program reads it " + ("packed" if values[name][2] else
+                               "unpacked") + ", the layout stores it " + ("packed" if pack else "unpacked"))
+        flat = pack_rows(values[name][1]) if pack else [u32(v) for row in values[name][1] for v in row]
         if len(flat) != size:
-            raise CompileError(f"weight {name!r} has {len(flat)} values, the layout {size}")
-        for i, v in enumerate(flat):
-            writes[layout.staging + addr - layout.weights_base + i] = u32(v)
+            raise CompileError(f"weight {name!r} has {len(flat)} words, the layout {size}")
+        for i, w in enumerate(flat):
+            writes[layout.staging + addr - layout.weights_base + i] = w
     total = layout.weight_words()
     code = []
     for start in range(0, total, layout.config.max_len):        # one LD per 4095 words
