@@ -60,6 +60,16 @@ class ChipConfig:
         src1[i] and src2[i] in two cycles (B = 2*len + 2); 2 reads both in one cycle (B = len + 2), through
         read port 1 of the scratchpad, which a chip with ``mm_load`` >= 2 already has for the MM unit
         and any other chip gets for VADD (``spad_reads``).
+    mm_pack : int
+        1 lets an MM read its B operand packed four int8 per word (its ``pb`` flag, fl[2];
+        ``docs/mm-fast.md``): staging B then takes ``K*ceil(ceil(N/4)/L)`` cycles instead of
+        ``K*ceil(N/L)``. 0, the book's chip, leaves the flag unread and ``validate`` refuses it set.
+    mm_overlap : int
+        1 builds the MM unit with overlapped phases (``docs/mm-fast.md``): A and B are staged at the
+        same time, A through ``mm_load`` read ports of its own (the scratchpad then has
+        ``2*mm_load`` read ports, ``spad_reads``), the array runs as soon as the operands it needs are
+        staged and C is written while the array's last skew cycles run. Same words, fewer cycles
+        (``hdl.isa.mm_busy_cycles``). 0, the book's chip, keeps the phases one after the other.
     """
 
     array: int = 4
@@ -74,6 +84,8 @@ class ChipConfig:
     gather: int = 0
     mm_rq: int = 0
     vadd_ports: int = 1
+    mm_pack: int = 0
+    mm_overlap: int = 0
 
     def __post_init__(self):
         for f in fields(self):
@@ -109,6 +121,10 @@ class ChipConfig:
             raise ValueError(f"ChipConfig mm_rq must be 0 or 1, not {self.mm_rq}")
         if self.vadd_ports not in (1, 2):
             raise ValueError(f"ChipConfig vadd_ports must be 1 or 2, not {self.vadd_ports}")
+        if self.mm_pack not in (0, 1):
+            raise ValueError(f"ChipConfig mm_pack must be 0 or 1, not {self.mm_pack}")
+        if self.mm_overlap not in (0, 1):
+            raise ValueError(f"ChipConfig mm_overlap must be 0 or 1, not {self.mm_overlap}")
 
     # ---- derived widths and limits -----------------------------------------------------------------
     @property
@@ -118,8 +134,9 @@ class ChipConfig:
 
     @property
     def spad_reads(self) -> int:
-        """Read ports of the scratchpad: the MM unit's ``mm_load``, or VADD's ``vadd_ports`` if more."""
-        return max(self.mm_load, self.vadd_ports)
+        """Read ports of the scratchpad: the MM unit's ``mm_load`` (twice that with ``mm_overlap``: A and B
+        staged at once), or VADD's ``vadd_ports`` if more."""
+        return max(self.mm_load * (1 + self.mm_overlap), self.vadd_ports)
 
     @property
     def ext_addr_bits(self) -> int:

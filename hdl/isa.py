@@ -20,7 +20,7 @@ from hdl.config import BOOK, ChipConfig
 __all__ = [
     "Op", "FIELDS", "HW_OPERANDS", "SPAD_WORDS", "ROM_WORDS", "MM_MAX_MN", "MM_MAX_K", "COUNTER_OF",
     "COUNTER_INDEX", "IsaError", "Instr",
-    "encode", "decode", "operands", "validate", "validate_program", "busy_cycles", "mm_busy_cycles",
+    "encode", "decode", "operands", "validate", "validate_program", "busy_cycles", "mm_busy_cycles", "mm_b_groups",
     "vadd_busy_cycles",
     "ld", "st", "mm", "rq", "sm", "vadd", "amax", "unpack", "halt",
     "to_words32", "from_words32", "describe",
@@ -144,17 +144,18 @@ def st(src, dst, n):
     return Instr(Op.ST, a=src, b=dst, c=n)
 
 
-def mm(dst, A, B, M, K, N, lda=None, ldb=0, ldc=None, tb=0, rq=0):
+def mm(dst, A, B, M, K, N, lda=None, ldb=0, ldc=None, tb=0, rq=0, pb=0):
     """MM; ``rq=1`` (a chip with mm_rq=1, docs/fused-rq.md) writes every C element requantized by the
-    registers the last RQC loaded."""
+    registers the last RQC loaded; ``pb=1`` (a chip with mm_pack=1, tb = 0, docs/mm-fast.md) reads B
+    packed: element (k, n) is byte n % 4 of word ``B + k*ldb + n // 4`` (``ldb`` in words)."""
     lda = K if lda is None else lda
     ldc = N if ldc is None else ldc
     if not 0 <= lda < 1 << _STRIDE_BITS or not 0 <= ldb < 1 << _STRIDE_BITS:
         raise IsaError(f"MM stride lda={lda} / ldb={ldb} does not fit in {_STRIDE_BITS} bits")
-    if rq not in (0, 1) or tb not in (0, 1):
-        raise IsaError(f"MM flags tb={tb!r} / rq={rq!r} must each be 0 or 1")
+    if rq not in (0, 1) or tb not in (0, 1) or pb not in (0, 1):
+        raise IsaError(f"MM flags tb={tb!r} / rq={rq!r} / pb={pb!r} must each be 0 or 1")
     return Instr(Op.MM, a=dst, b=A, c=B, d=(ldb << _STRIDE_BITS) | lda, f=M, g=K, h=N,
-                 fl=(int(rq) << 1) | int(tb), x=ldc)
+                 fl=(int(pb) << 2) | (int(rq) << 1) | int(tb), x=ldc)
 
 
 def rq(dst, src, n, m, s, relu=0):
@@ -226,7 +227,8 @@ HW_OPERANDS: dict[Op, dict[str, tuple[int, int]]] = {
     Op.LD: {"dst": (119, 108), "src": (107, 92), "len": (87, 76)},
     Op.ST: {"src": (119, 108), "dst": (107, 92), "len": (87, 76)},
     Op.MM: {"dst": (119, 108), "A": (103, 92), "B": (87, 76), "lda": (63, 52), "ldb": (75, 64),
-            "M": (41, 38), "K": (36, 30), "N": (25, 22), "tb": (18, 18), "ldc": (11, 0), "rq": (19, 19)},
+            "M": (41, 38), "K": (36, 30), "N": (25, 22), "tb": (18, 18), "ldc": (11, 0), "rq": (19, 19),
+            "pb": (20, 20)},
     Op.RQ: {"dst": (119, 108), "src": (103, 92), "len": (87, 76), "m": (75, 52), "s": (51, 46),
             "relu": (18, 18)},
     Op.SM: {"dst": (119, 108), "src": (103, 92), "len": (87, 76)},
@@ -246,8 +248,9 @@ HW_OPERANDS: dict[Op, dict[str, tuple[int, int]]] = {
 
 # Operands that only a chip with a generator parameter reads, (opcode, operand) -> the parameter: on a chip
 # without it the hardware ignores those bits and `validate` refuses them set. MM's rq flag (fl[1]) exists
-# on a chip with mm_rq=1 (docs/fused-rq.md).
-CHIP_OPERANDS: dict[tuple[Op, str], str] = {(Op.MM, "rq"): "mm_rq"}
+# on a chip with mm_rq=1 (docs/fused-rq.md), its pb flag (fl[2], B packed four int8 per word) on a chip with
+# mm_pack=1 (docs/mm-fast.md).
+CHIP_OPERANDS: dict[tuple[Op, str], str] = {(Op.MM, "rq"): "mm_rq", (Op.MM, "pb"): "mm_pack"}
 
 
 def hw_operands(op, cfg: ChipConfig = BOOK) -> dict[str, tuple[int, int]]:
@@ -354,6 +357,10 @@ def validate(ins, ext_words: int | None = None, index: int | None = None, cfg: C
     if op == Op.MM:
         if o["rq"] and not cfg.mm_rq:
             raise IsaError(f"{where}: rq = 1 (fl bit 1) needs a chip with mm_rq=1 (fused requantization)")
+        if o["pb"] and not cfg.mm_pack:
+            raise IsaError(f"{where}: pb = 1 (fl bit 2) needs a chip with mm_pack=1 (B packed four int8 a word)")
+        if o["pb"] and o["tb"]:
+            raise IsaError(f"{where}: tb = 1 with pb = 1: a packed B (fl bit 2) must not be transposed")
         for k, fname, lim in (("M", "f", max_mn), ("K", "g", max_k), ("N", "h", max_mn)):
             hi, lo = HW_OPERANDS[Op.MM][k]
             if getattr(g, fname) >= 1 << (hi - lo + 1):     # e.g. N = 16 on a 16 x 16 array: N reads 4 bits
@@ -368,7 +375,10 @@ def validate(ins, ext_words: int | None = None, index: int | None = None, cfg: C
         M, K, N = o["M"], o["K"], o["N"]
         spad_region(where, "dst", o["dst"], (M - 1) * o["ldc"] + N)
         spad_region(where, "A", o["A"], (M - 1) * o["lda"] + K)
-        span_b = (N - 1) * o["ldb"] + K if o["tb"] else (K - 1) * o["ldb"] + N
+        if o["pb"]:
+            span_b = (K - 1) * o["ldb"] + -(-N // cfg.elems_per_word)     # ceil(N/4) words a k
+        else:
+            span_b = (N - 1) * o["ldb"] + K if o["tb"] else (K - 1) * o["ldb"] + N
         spad_region(where, "B", o["B"], span_b)
         return o
     n = o["len"]
@@ -444,22 +454,45 @@ def validate_program(words, ext_words: int | None = None, cfg: ChipConfig = BOOK
 
 # ---- the per-instruction cycle model (hardware spec 4.9) -----------------------------------------
 
-def mm_busy_cycles(M: int, K: int, N: int, cfg: ChipConfig) -> int:
+def mm_b_groups(N: int, cfg: ChipConfig, pb: int = 0) -> int:
+    """Read cycles the MM unit spends on the N elements of one k of B: ``ceil(N/L)`` words one element
+    each, or with ``pb`` (packed, docs/mm-fast.md) ``ceil(ceil(N/4)/L)`` words four elements each;
+    L = ``cfg.mm_load``."""
+    words = -(-N // cfg.elems_per_word) if pb else N
+    return -(-words // cfg.mm_load)
+
+
+def mm_busy_cycles(M: int, K: int, N: int, cfg: ChipConfig, tb: int = 0, pb: int = 0) -> int:
     """WAIT cycles B of one MM of M x K times K x N on the chip `cfg` (the timing contract of
-    hdl/units/mm.py).
+    hdl/units/mm.py; docs/mm-fast.md for ``pb`` and ``mm_overlap``).
 
-    With L = ``cfg.mm_load`` operand elements staged per cycle::
+    With L = ``cfg.mm_load`` operand elements staged per cycle and ``cB = mm_b_groups(N, cfg, pb)``
+    (``ceil(N/L)``, or ``ceil(ceil(N/4)/L)`` for a packed B), phases one after the other
+    (``cfg.mm_overlap`` = 0)::
 
-        B = M*ceil(K/L) + K*ceil(N/L) + (K+M+N-2) + M*N + 7
+        B = M*ceil(K/L) + K*cB + (K+M+N-2) + M*N + 7
 
-    (the book's chip, L = 1: M*K + K*N + (K+M+N-2) + M*N + 7). A is staged L elements of one row a
-    cycle, B L columns of one k a cycle; a row's or a k's last group may be partial. The array's size
+    (the book's chip, L = 1, pb = 0: M*K + K*N + (K+M+N-2) + M*N + 7). A is staged L elements of one row a
+    cycle, B L words of one k a cycle; a row's or a k's last group may be partial. The array's size
     does not enter. No alignment is needed: bases, strides and tb are free as for L = 1 (the unit reads
-    the L words of a group through L scratchpad read ports, each element being its own word).
+    the L words of a group through L scratchpad read ports, each element being its own word, or four
+    with pb).
+
+    Overlapped phases (``cfg.mm_overlap`` = 1, derivation in docs/mm-fast.md): A and B are staged k by k
+    at the same time, C = max(ceil(M/L), cB) cycles a k, the array starts as soon as every operand it
+    needs is staged and C is written from the cycle the first result is final::
+
+        B = (K-1)*C + max(3, C-1) + M*N + 1
+
+    `tb` does not enter either formula (it changes the addresses only).
     """
-    groups_k = -(-K // cfg.mm_load)
-    groups_n = -(-N // cfg.mm_load)
-    return M * groups_k + K * groups_n + (K + M + N - 2) + M * N + 7
+    L = cfg.mm_load
+    groups_b = mm_b_groups(N, cfg, pb)
+    if cfg.mm_overlap:
+        c = max(-(-M // L), groups_b)
+        return (K - 1) * c + max(3, c - 1) + M * N + 1
+    groups_k = -(-K // L)
+    return M * groups_k + K * groups_b + (K + M + N - 2) + M * N + 7
 
 
 def vadd_busy_cycles(n: int, cfg: ChipConfig) -> int:
@@ -477,7 +510,8 @@ def busy_cycles(ins, lat: int = 8, cfg: ChipConfig = BOOK) -> int:
     if op == Op.HALT:
         return 0
     if op == Op.MM:
-        return mm_busy_cycles(o["M"], o["K"], o["N"], cfg)      # the same with rq = 1 (docs/fused-rq.md)
+        # the same with rq = 1 (docs/fused-rq.md); pb is read on a chip with mm_pack = 1 only
+        return mm_busy_cycles(o["M"], o["K"], o["N"], cfg, tb=o["tb"], pb=o["pb"] if cfg.mm_pack else 0)
     if op == Op.RQC:
         return RQC_BUSY
     if op in RESIDENT_OPS:
@@ -541,6 +575,8 @@ def describe(ins) -> str:
         name = Op(op).name.lower()
     except ValueError:
         return f"illegal opcode {op}"
-    if op == Op.MM and not o["rq"]:
-        del o["rq"]         # a plain MM reads as on the book's chip
+    if op == Op.MM:
+        for flag in ("rq", "pb"):
+            if not o[flag]:
+                del o[flag]         # a plain MM reads as on the book's chip
     return name + "".join(f" {k}={v}" for k, v in o.items())

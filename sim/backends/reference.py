@@ -137,6 +137,8 @@ class ReferenceMachine(Backend):
             counters[4] += 1
             if trace is not None:
                 trace.append(TraceEntry(pc, fetch, fetch + 1, fetch + 1 + busy))
+            if op == Op.MM and not cfg.mm_pack:
+                o["pb"] = 0         # bit 20 is read only on a chip with mm_pack = 1 (docs/mm-fast.md)
             if op in MM_RQ_OPS:
                 mm_rq = (o["m"], o["s"], o["relu"])
             elif op == Op.MM and cfg.mm_rq and o["rq"]:
@@ -277,7 +279,11 @@ def _mm(o, spad, ext, n_ext, sp, rq=None):
     dst, A, B, lda, ldb, ldc = o["dst"], o["A"], o["B"], o["lda"], o["ldb"], o["ldc"]
     M, K, N, tb = o["M"], o["K"], o["N"], o["tb"]
     a = [[_S8[spad[(A + i * lda + k) & sp] & 0xFF] for k in range(K)] for i in range(M)]
-    if tb:
+    if o["pb"]:
+        # packed (docs/mm-fast.md): byte j % 4 of word B + k*ldb + j // 4; tb is not read
+        b = [[_S8[(spad[(B + k * ldb + (j >> 2)) & sp] >> (8 * (j & 3))) & 0xFF] for k in range(K)]
+             for j in range(N)]
+    elif tb:
         b = [[_S8[spad[(B + j * ldb + k) & sp] & 0xFF] for k in range(K)] for j in range(N)]
     else:
         b = [[_S8[spad[(B + k * ldb + j) & sp] & 0xFF] for k in range(K)] for j in range(N)]

@@ -1,0 +1,217 @@
+"""The faster MM unit (docs/mm-fast.md): B packed four int8 per word (``mm_pack``, MM's pb flag) and
+overlapped phases (``mm_overlap``). The configuration, the ISA, the cycle model and the reference machine
+here, table-driven; the unit itself further down.
+"""
+import random
+from dataclasses import replace
+
+import pytest
+
+from hdl import isa
+from hdl.config import BOOK, ChipConfig, ChipSpecError, parse_chip
+from hdl.isa import IsaError, Op
+from sim.backends.reference import ReferenceMachine
+
+FAST = parse_chip("fast,mm_rq=1,vadd_ports=2")
+PACK = replace(FAST, mm_pack=1)
+BOOK_PACK = replace(BOOK, mm_pack=1)
+OVER = replace(PACK, mm_overlap=1)
+
+
+# ---- configuration -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", ["mm_pack", "mm_overlap"])
+@pytest.mark.parametrize("value", [2, -1, 4])
+def test_bad_flag_names_the_value(name, value):
+    with pytest.raises(ValueError) as e:
+        ChipConfig(**{name: value})
+    assert str(e.value) == f"ChipConfig {name} must be 0 or 1, not {value}"
+    with pytest.raises(ChipSpecError) as e:
+        parse_chip(f"fast,{name}={value}")
+    assert str(e.value) == f"--chip 'fast,{name}={value}': ChipConfig {name} must be 0 or 1, not {value}"
+
+
+@pytest.mark.parametrize("spec, reads", [
+    ("book", 1), ("mm_pack=1", 1), ("mm_overlap=1", 2), ("mm_overlap=1,vadd_ports=2", 2),
+    ("mm_load=2,mm_overlap=1", 4), ("fast,mm_pack=1", 4), ("fast,mm_overlap=1", 8),
+    ("fast,mm_overlap=1,mm_pack=1,vadd_ports=2", 8),
+])
+def test_spec_round_trip_and_read_ports(spec, reads):
+    cfg = parse_chip(spec)
+    assert parse_chip(cfg.spec()) == cfg
+    assert cfg.spad_reads == reads
+    assert BOOK.mm_pack == 0 and BOOK.mm_overlap == 0
+
+
+# ---- the instruction ------------------------------------------------------------------------------
+
+def test_pb_is_fl_bit_2_and_read_only_on_pack_chips():
+    ins = isa.mm(0, 100, 200, 4, 8, 4, ldb=1, pb=1)
+    assert (isa.encode(ins) >> 20) & 1 == 1 and (isa.encode(ins) >> 18) & 0b1011 == 0
+    assert isa.operands(ins)["pb"] == 1
+    assert "pb" in isa.hw_operands(Op.MM, PACK)
+    assert "pb" not in isa.hw_operands(Op.MM, BOOK) and "pb" not in isa.hw_operands(Op.MM, FAST)
+    assert isa.describe(ins).endswith(" pb=1")
+    assert "pb" not in isa.describe(isa.mm(0, 100, 200, 4, 8, 4))
+
+
+@pytest.mark.parametrize("cfg, ins, message", [
+    (FAST, isa.mm(0, 100, 200, 4, 8, 4, pb=1),
+     "MM instruction: pb = 1 (fl bit 2) needs a chip with mm_pack=1 (B packed four int8 a word)"),
+    (BOOK, isa.mm(0, 100, 200, 4, 8, 4, pb=1),
+     "MM instruction: pb = 1 (fl bit 2) needs a chip with mm_pack=1 (B packed four int8 a word)"),
+    (PACK, isa.mm(0, 100, 200, 4, 8, 4, ldb=8, tb=1, pb=1),
+     "MM instruction: tb = 1 with pb = 1: a packed B (fl bit 2) must not be transposed"),
+    # packed B spans (K-1)*ldb + ceil(N/4) words: 4095 + 2 runs one past the scratchpad
+    (PACK, isa.mm(0, 100, 4095 - 2 * 7, 4, 8, 5, ldb=2, pb=1),
+     "MM instruction: B = 4081 with length 16 runs past the end of the scratchpad (4096 words)"),
+])
+def test_validate_refuses(cfg, ins, message):
+    with pytest.raises(IsaError) as e:
+        isa.validate(ins, cfg=cfg)
+    assert str(e.value) == message
+
+
+@pytest.mark.parametrize("ins", [
+    isa.mm(0, 100, 4096 - 2 * 7 - 2, 4, 8, 5, ldb=2, pb=1),     # the last word of B is 4095
+    isa.mm(0, 100, 4095, 8, 1, 4, ldb=0, pb=1),                  # K = 1, N <= 4: one word
+    isa.mm(0, 100, 4094, 8, 3, 4, ldb=0, pb=1),                  # ldb = 0: every k reads the same word
+])
+def test_validate_accepts_packed_b_to_the_end(ins):
+    isa.validate(ins, cfg=PACK)
+
+
+# ---- the cycle model -----------------------------------------------------------------------------
+
+# (chip, M, K, N, pb, B): every figure worked by hand from docs/mm-fast.md
+#   serial:  M*ceil(K/L) + K*cB + (K+M+N-2) + M*N + 7,  cB = ceil(N/L) or ceil(ceil(N/4)/L)
+#   overlap: (K-1)*C + max(3, C-1) + M*N + 1,           C = max(ceil(M/L), cB)
+CYCLES = [
+    (BOOK, 4, 4, 4, 0, 16 + 16 + 10 + 16 + 7),
+    (BOOK_PACK, 4, 4, 4, 1, 16 + 4 + 10 + 16 + 7),           # one word a k instead of four
+    (BOOK_PACK, 4, 4, 4, 0, 16 + 16 + 10 + 16 + 7),          # pb = 0 on a pack chip: the book's
+    (BOOK_PACK, 1, 64, 3, 1, 64 + 64 + 66 + 3 + 7),
+    (FAST, 8, 64, 8, 0, 128 + 128 + 78 + 64 + 7),
+    (PACK, 8, 64, 8, 1, 128 + 64 + 78 + 64 + 7),             # 2 words a k through 4 ports: 1 cycle
+    (PACK, 1, 5, 8, 1, 2 + 5 + 12 + 8 + 7),
+    (replace(PACK, array=16), 3, 7, 15, 1, 6 + 7 + 23 + 45 + 7),     # 4 words a k: 1 cycle
+    (replace(BOOK_PACK, array=16), 3, 7, 13, 1, 21 + 28 + 21 + 39 + 7),   # 4 words, one port: 4
+    (replace(PACK, mm_load=2), 8, 9, 8, 1, 40 + 9 + 23 + 64 + 7),
+    # overlapped
+    (replace(BOOK, mm_overlap=1), 4, 4, 4, 0, 3 * 4 + 3 + 16 + 1),
+    (replace(BOOK, mm_overlap=1), 1, 1, 1, 0, 0 + 3 + 1 + 1),
+    (replace(BOOK_PACK, mm_overlap=1), 4, 10, 4, 1, 9 * 4 + 3 + 16 + 1),   # A's 4 rows bound: C = 4
+    (replace(BOOK_PACK, mm_overlap=1), 1, 10, 4, 1, 9 * 1 + 3 + 4 + 1),
+    (replace(FAST, mm_overlap=1), 8, 64, 8, 0, 63 * 2 + 3 + 64 + 1),
+    (OVER, 8, 64, 8, 1, 63 * 2 + 3 + 64 + 1),                # A's 8 rows through 4 ports: C = 2
+    (OVER, 4, 64, 8, 1, 63 * 1 + 3 + 32 + 1),
+    (OVER, 4, 64, 8, 0, 63 * 2 + 3 + 32 + 1),
+    (replace(OVER, mm_load=1, array=16), 1, 6, 15, 0, 5 * 15 + 14 + 15 + 1),  # C - 1 = 14 > 3
+    (replace(OVER, mm_load=1, array=16), 1, 6, 15, 1, 5 * 4 + 3 + 15 + 1),
+]
+
+
+@pytest.mark.parametrize("cfg, M, K, N, pb, busy", CYCLES)
+def test_mm_busy_cycles(cfg, M, K, N, pb, busy):
+    assert isa.mm_busy_cycles(M, K, N, cfg, pb=pb) == busy
+    for tb in (0, 1):       # tb changes no figure
+        assert isa.mm_busy_cycles(M, K, N, cfg, tb=tb, pb=pb) == busy
+    ins = isa.mm(0, 0, 0, M, K, N, pb=pb)
+    assert isa.busy_cycles(ins, 8, cfg) == busy
+    assert isa.busy_cycles(isa.encode(ins), 3, cfg) == busy
+
+
+def test_pb_bit_is_not_read_on_other_chips_cycles():
+    # bit 20 set on a chip without mm_pack: junk, the book's cycles
+    ins = isa.encode(isa.mm(0, 0, 0, 4, 4, 4)) | (1 << 20)
+    assert isa.busy_cycles(ins, 8, BOOK) == isa.mm_busy_cycles(4, 4, 4, BOOK) == 65
+
+
+def test_overlap_saves_the_goal_when_b_groups_bound():
+    """docs/mm-fast.md: against the serial formula the overlapped one saves at least M*ceil(K/L) + K - 2
+    whenever ceil(M/L) <= cB (A's groups a k no more than B's), for every shape of those chips."""
+    for base in (BOOK, FAST, PACK, replace(PACK, mm_load=2), replace(BOOK_PACK, array=16)):
+        over = replace(base, mm_overlap=1)
+        L = base.mm_load
+        for pb in ((0, 1) if base.mm_pack else (0,)):
+            for M in range(1, base.array + 1):
+                for N in range(1, min(base.array, 15) + 1):
+                    if -(-M // L) > isa.mm_b_groups(N, base, pb):
+                        continue
+                    for K in range(1, base.row_depth + 1):
+                        saved = isa.mm_busy_cycles(M, K, N, base, pb=pb) - isa.mm_busy_cycles(M, K, N, over, pb=pb)
+                        assert saved >= M * -(-K // L) + K - 2, (base.spec(), M, K, N, pb, saved)
+
+
+# ---- the reference machine: pb = 1 equals pb = 0 on the unpacked copy of B ----------------------
+
+def _pack(values):
+    """int8 values into words, four a word, value j in byte j % 4."""
+    words = []
+    for w in range(0, len(values), 4):
+        word = 0
+        for b, v in enumerate(values[w:w + 4]):
+            word |= (v & 0xFF) << (8 * b)
+        words.append(word)
+    return words
+
+
+def _shapes(cfg, rng, n):
+    for _ in range(n):
+        M, N = rng.randint(1, cfg.array), rng.randint(1, cfg.array)
+        K = rng.choice([1, 2, rng.randint(1, cfg.row_depth)])
+        yield M, K, N
+
+
+@pytest.mark.parametrize("cfg, seed", [(PACK, 1), (PACK, 2), (BOOK_PACK, 3), (replace(PACK, mm_load=1), 4),
+                                       (OVER, 5)])
+def test_reference_packed_equals_unpacked(cfg, seed):
+    """Random A and B (B's words full of junk above the byte each element uses in the unpacked copy), one
+    MM a program: pb = 1 on the packed B writes the same words as pb = 0 on the unpacked copy, also with
+    rq = 1, and its counters differ by exactly K*(ceil(N/L) - cB) in total and mm."""
+    rng = random.Random(seed)
+    ref = ReferenceMachine(config=cfg)
+    for M, K, N in _shapes(cfg, rng, 12):
+        words_k = -(-N // 4)
+        ldb_packed = words_k + rng.choice([0, 0, 3])
+        ldb_plain = N + rng.choice([0, 5])
+        a = [rng.getrandbits(32) for _ in range(64 * 16)]            # A's element is the low byte anyway
+        b = [[rng.randint(-128, 127) for _ in range(N)] for _ in range(K)]
+        packed = [0] * ((K - 1) * ldb_packed + words_k)
+        plain = [0] * ((K - 1) * ldb_plain + N)
+        for k in range(K):
+            packed[k * ldb_packed:k * ldb_packed + words_k] = _pack(b[k])
+            # the unpacked element in the low byte, junk above it (the unit reads bits 7:0 only)
+            plain[k * ldb_plain:k * ldb_plain + N] = [(v & 0xFF) | (rng.getrandbits(24) << 8) for v in b[k]]
+        A, BP, BU, C = 0, 1100, 2300, 3500
+        lda = K + rng.choice([0, 2])
+        rq = rng.randint(0, 1) if cfg.mm_rq else 0
+        head = [isa.rqc(rng.randint(1, 1 << 22), rng.randint(8, 30), rng.randint(0, 1))] if rq else []
+        image = [0] * 4096
+        image[A:A + len(a)] = a
+        image[BP:BP + len(packed)] = packed
+        image[BU:BU + len(plain)] = plain
+        runs = []
+        for pb, B, ldb in ((1, BP, ldb_packed), (0, BU, ldb_plain)):
+            prog = [isa.ld(0, 0, 4095)] + head + [
+                isa.mm(C, A, B, M, K, N, lda=lda, ldb=ldb, ldc=N + 1, rq=rq, pb=pb),
+                isa.st(C, C, M * (N + 1)), isa.halt()]
+            runs.append(ref.run(prog, image, 8))
+        got, want = runs
+        span = M * (N + 1)
+        assert got.ext[C:C + span] == want.ext[C:C + span], (M, K, N)
+        assert got.scratchpad[C:C + span] == want.scratchpad[C:C + span]
+        saved = isa.mm_busy_cycles(M, K, N, cfg) - isa.mm_busy_cycles(M, K, N, cfg, pb=1)
+        if not cfg.mm_overlap:
+            assert saved == K * (-(-N // cfg.mm_load) - isa.mm_b_groups(N, cfg, 1))
+        assert got.counters == [want.counters[0] - saved, want.counters[1] - saved, *want.counters[2:]]
+
+
+def test_reference_ignores_bit_20_without_mm_pack():
+    """On a chip without mm_pack bit 20 is junk: the MM reads B unpacked (unchecked, as progen's junk)."""
+    rng = random.Random(7)
+    image = [rng.getrandbits(32) for _ in range(4096)]
+    word = isa.encode(isa.mm(3000, 0, 500, 4, 9, 4, ldb=4))
+    runs = [ReferenceMachine(config=FAST, check=False).run([isa.ld(0, 0, 4095), w, isa.halt()], image, 8)
+            for w in (word, word | (1 << 20))]
+    assert runs[0].scratchpad == runs[1].scratchpad and runs[0].counters == runs[1].counters
