@@ -11,15 +11,17 @@ import pytest
 
 from compiler import compile_graph, ext_image, readback
 from hdl import isa
-from hdl.config import parse_chip
+from hdl.config import BOOK, parse_chip
 from host import tiny_lm as T
 from host.batch import batch_program, universal_ranges
 from host.calibrate import calibrate
 from host.engine import Engine, Request
 from sim.backends.reference import ReferenceMachine
+from test_random_graphs import expected_memory, random_graph
 
 M = T.make_model("structured", 1)
 MR = T.make_model("random", 2)
+BOOK_RQ = parse_chip("book,mm_rq=1")     # 4x4 tiles: the random graphs' M and N up to 12 take several
 # explicit mm_rq on both sides: the comparison stays one of fused against unfused whatever `fast` becomes
 PLAIN = parse_chip("fast,mm_rq=0")
 FUSED = parse_chip("fast,mm_rq=1")
@@ -144,3 +146,25 @@ def test_an_rqc_is_skipped_only_when_the_unit_holds_its_parameters():
     assert len(set(plain.rq_params.values())) == 1
     assert [o["relu"] for o in rqc] == [0, 1]
     _run_both(plain, fused, smp)
+
+
+def test_random_graphs_give_the_interpreters_words_with_fused_requantization():
+    # tests/test_random_graphs.py's graphs (int4 weights, slices, concats, relus, softmaxes, adds, argmaxes)
+    # on the book's chip with mm_rq=1: 4x4 tiles, so matmuls of several tile rows and columns, results
+    # written into concat and relu buffers; the interpreter never looks at the code
+    fused_cycles = plain_cycles = matmuls = 0
+    for seed in range(150):
+        g, sample = random_graph(seed)
+        plain = compile_graph(g, [sample], config=BOOK)
+        fused = compile_graph(g, [sample], config=BOOK_RQ)
+        if any(n.op == "matmul" for n in g.nodes):
+            matmuls += 1
+            _check_fused_shape(plain, fused)
+        want = expected_memory(fused, sample)
+        assert want == expected_memory(plain, sample)
+        r = ReferenceMachine(config=BOOK_RQ).run(fused.code, ext_image(fused, sample, fused.ext_size), 8)
+        assert list(r.ext) == want, f"seed {seed}\n{fused.listing()}"
+        assert list(r.counters) == fused.counters(8), seed
+        fused_cycles += r.counters[0]
+        plain_cycles += plain.counters(8)[0]
+    assert matmuls >= 100 and fused_cycles < plain_cycles
