@@ -233,3 +233,83 @@ def test_mm_unit_requantizes_its_output(cfg, cases):
 
     got = simulate(MatrixUnit(config=cfg), bench_fn)
     assert got == [isa.mm_busy_cycles(*(lambda o: (o["M"], o["K"], o["N"]))(operands(w)), cfg) for _, w in steps]
+
+
+# ---- the chip: reference, Amaranth's simulator, Verilator ------------------------------------------
+
+def _directed(cfg):
+    """An MM with rq before any RQC (the reset registers: zeros), RQCs with junk in every ignored bit, fused
+    MMs of several shapes (tb, strides, relu, saturation, s = 63), a plain MM between them (raw int32,
+    registers untouched), an RQ and a fused MM writing over their own operands, back to back RQCs."""
+    from sim.verify.progen import ignored_bits
+    junk = ignored_bits(Op.RQC, cfg)
+    n = cfg.array
+    return [ld(0, 0, 1024), ld(1024, 1024, 1000),
+            mm(3400, 0, 1024, 2, 3, 2, rq=1),
+            rqc(11_534_336, 34, 0).word | junk,
+            mm(3000, 0, 1024, n, 64, n, rq=1),
+            mm(3100, 5, 1030, 3, 7, 2, tb=1, rq=1, lda=11, ldb=9),
+            rqc(9_000_001, 30, 1).word | (junk & 0x5A5A5A5A5A5A5A5A5A5A5A5A5A5A5A5A),
+            mm(3200, 0, 1024, n, 9, n - 1, rq=1, ldc=11),
+            mm(3300, 0, 1024, 2, 3, 2),
+            rqc((1 << 24) - 1, 63, 0), rqc(12_345_678, 33, 0),
+            mm(3500, 0, 1024, n, 33, n, rq=1),
+            rq(3600, 3300, 4, 8_388_608, 4),
+            mm(1030, 1024, 1030, n, 20, n, rq=1),          # over its own B operand
+            st(3000, 1500, 548), st(1024, 1000, 400), halt()]
+
+
+def _chip_image(seed, ext):
+    rng = random.Random(seed)
+    return [rng.choice((rng.getrandbits(32), rng.randint(-128, 127) & 0xFFFFFFFF)) for _ in range(ext)]
+
+
+@pytest.mark.parametrize("cfg", [BOOK_RQ, FAST_RQ], ids=["book-mm_rq", "fast-mm_rq"])
+def test_directed_program_on_the_amaranth_chip_equals_the_reference(cfg):
+    from sim.backends import get_backend
+    prog = [w if isinstance(w, int) else w.word for w in _directed(cfg)]
+    image = _chip_image(cfg.array, EXT)
+    want = ReferenceMachine(config=cfg, check=False).run(prog, image, 3)
+    got = get_backend("amaranth", config=cfg).run(prog, image, 3)
+    assert first_difference(want, got) is None
+    assert want.scratchpad[3400:3404] == [0] * 4                    # fused before any RQC: zeros
+    assert want.counters[1] == sum(isa.busy_cycles(w, 3, cfg) for w in prog
+                                   if operands(w)["op"] in (Op.MM, Op.RQC))
+
+
+def test_random_programs_on_the_amaranth_chip_equal_the_reference():
+    """A handful of the generator's short programs with RQCs and fused MMs (one of each at least)."""
+    from sim.backends import get_backend
+    from sim.verify.progen import random_program
+    chip = get_backend("amaranth", config=BOOK_RQ)
+    ref = ReferenceMachine(config=BOOK_RQ, check=False)
+    seen = set()
+    for seed in range(3):
+        prog, image = random_program(random.Random(f"fused {seed}"), EXT, None, 2, config=BOOK_RQ)
+        seen |= {(operands(w)["op"], operands(w).get("rq")) for w in prog}
+        want, got = ref.run(prog, image, 2), chip.run(prog, image, 2)
+        assert first_difference(want, got) is None, seed
+    assert {(Op.RQC, None), (Op.MM, 1), (Op.MM, 0)} <= seen
+
+
+def test_fuzz_mix_on_verilator_equals_the_reference():
+    """The fuzz mix of a fast chip with mm_rq=1 (wide programs with RQCs, fused MMs and junk in every
+    ignored bit, and resident programs) on its Verilator model at EXT 16384, LAT 8: the model the fast
+    preset's serving test builds once `fast` has mm_rq=1."""
+    from hdl.config import PRESETS
+    from sim.backends import BackendUnavailable, get_backend
+    from sim.verify.progen import fuzz_case
+    cfg = replace(PRESETS["fast"], mm_rq=1)
+    try:
+        chip = get_backend("verilator", config=cfg)
+    except BackendUnavailable as exc:
+        pytest.skip(f"verilator backend unavailable: {exc}")
+    ref = ReferenceMachine(config=cfg, check=False)
+    cases = [fuzz_case(2026, i, ((cfg.ext_words, 8),), 40_000, cfg) for i in range(40)]
+    results = chip.run_many([(c.program, c.image, c.lat, c.scratchpad) for c in cases])
+    fused = 0
+    for c, got in zip(cases, results):
+        want = ref.run(c.program, c.image, c.lat, scratchpad=c.scratchpad)
+        assert first_difference(want, got) is None, f"program {c.index}"
+        fused += sum(operands(w)["op"] == Op.MM and operands(w)["rq"] for w in c.program)
+    assert fused >= 20

@@ -35,13 +35,21 @@ from amaranth.lib.wiring import In, Out
 from hdl.config import BOOK
 
 from hdl.isa import Op
+from hdl.properties import History, unit_protocol
 from hdl.requant import Requantizer
 from hdl.scratchpad import SpadPort
 from hdl.systolic import SystolicArray
 
 from .base import SpadUnit, operand, operand_bits, operand_layout
 
-__all__ = ["MatrixUnit"]
+__all__ = ["MatrixUnit", "MM_RQ_PROPERTIES"]
+
+# The output requantizer's properties (a unit with mm_rq only, scope "mm_rq": sim.verify.formal's target of
+# that name proves them with the unit contract), by name, with the statement the formal tool prints.
+MM_RQ_PROPERTIES = {
+    "rq_hold": "the requantizer registers change only at an edge where rqc is high, to RQC's fields of ins",
+    "rq_range": "with the MM's rq set, every word written is an int8 in [-127, 127], sign-extended (>= 0 with relu)",
+}
 
 
 class MatrixUnit(SpadUnit):
@@ -262,5 +270,22 @@ class MatrixUnit(SpadUnit):
         m.d.comb += running.eq(fsm.ongoing("RUN"))
         m.d.comb += self.spad.we.eq(fsm.ongoing("OUT"))
 
-        self.check_protocol(m, opr)
+        if cfg.mm_rq:
+            # the unit contract under the scope "mm_rq", and the requantizer's properties
+            unit_protocol(m, "mm_rq", self.start, self.busy, self.done, opr.as_value())
+            self._check_rq(m, opr)
+        else:
+            self.check_protocol(m, opr)
         return m
+
+    def _check_rq(self, m, opr):
+        """`MM_RQ_PROPERTIES` as Asserts (scope ``mm_rq``)."""
+        h = History(m, "mm_rq")
+        t = MM_RQ_PROPERTIES
+        regs = self.rq_regs.as_value()
+        was_rqc, was_ins, was_regs = h.past(self.rqc, "rqc"), h.past(self.ins, "ins"), h.past(regs, "regs")
+        loaded = operand_bits(was_ins, Op.RQC)
+        h.check("rq_hold", ~h.valid | Mux(was_rqc, regs == loaded, regs == was_regs), t["rq_hold"])
+        w = self.spad.wdata.as_signed()
+        in_range = (w >= Mux(self.rq_regs.relu, 0, -127)) & (w <= 127)
+        h.check("rq_range", ~(self.spad.we & opr.rq) | in_range, t["rq_range"])

@@ -157,6 +157,12 @@ def targets() -> list[Target]:
     for cls in (GatherUnit, ScatterUnit):
         out.append(Target(cls.OP.name.lower(), lambda cls=cls: cls(config=resident),
                           {**UNIT_PROPERTIES, **ISOLATION_PROPERTIES}, every | frozenset(ISOLATION_PROPERTIES)))
+    # The MM unit with its output requantizer (a chip with mm_rq=1, docs/fused-rq.md): the unit contract
+    # (scope mm_rq) and the requantizer's register and output range.
+    from hdl.units.mm import MM_RQ_PROPERTIES
+    fused = replace(BOOK, mm_rq=1)
+    out.append(Target("mm_rq", lambda: MatrixUnit(config=fused), {**UNIT_PROPERTIES, **MM_RQ_PROPERTIES},
+                      every | frozenset(MM_RQ_PROPERTIES)))
     # On the chip, induction succeeds only for the state facts: ownership and the LD range need the units'
     # internal invariants (not inductive alone), and yices does not close the counters' 32-bit adder
     # identity by induction within minutes; those three are bounded model checks from reset.
