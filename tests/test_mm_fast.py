@@ -215,3 +215,40 @@ def test_reference_ignores_bit_20_without_mm_pack():
     runs = [ReferenceMachine(config=FAST, check=False).run([isa.ld(0, 0, 4095), w, isa.halt()], image, 8)
             for w in (word, word | (1 << 20))]
     assert runs[0].scratchpad == runs[1].scratchpad and runs[0].counters == runs[1].counters
+
+
+# ---- the random programs (sim.verify.progen) -----------------------------------------------------
+
+@pytest.mark.parametrize("cfg", [PACK, OVER, BOOK_PACK])
+def test_progen_mixes_packed_mms_on_pack_chips(cfg):
+    """On a chip with mm_pack about half the MMs of the fuzz mix read B packed, M and N cover 1..array,
+    and every word is legal on that chip once its ignored bits are cleared; a checked classic program
+    runs on the checked reference."""
+    from sim.verify.progen import fuzz_case, ignored_bits, random_program
+    mms = []
+    for i in range(60):
+        c = fuzz_case(11, i, config=cfg)
+        for pc, word in enumerate(c.program):
+            plain = word & ~ignored_bits(word >> 124, cfg)
+            isa.validate(plain, ext_words=c.ext, index=pc, cfg=cfg)
+            if word >> 124 == Op.MM:
+                mms.append(isa.operands(plain))
+    packed = [o for o in mms if o["pb"]]
+    assert 0.3 < len(packed) / len(mms) < 0.7
+    assert all(o["tb"] == 0 for o in packed)
+    assert {o["N"] for o in mms} == {o["M"] for o in mms} == set(range(1, cfg.array + 1))
+    assert {o["N"] for o in packed} >= {1, 4, cfg.array}      # one word a k, and two on an 8 x 8 array
+    rng = random.Random(5)
+    for _ in range(3):
+        program, image = random_program(rng, 2048, config=cfg)
+        ReferenceMachine(config=cfg).run(program, image, 8)
+
+
+def test_progen_programs_of_other_chips_read_no_pb():
+    from sim.verify.progen import fuzz_case, ignored_bits
+    for cfg in (BOOK, FAST):
+        for i in range(30):
+            for word in fuzz_case(11, i, config=cfg).program:
+                if word >> 124 == Op.MM:
+                    assert isa.operands(word & ~ignored_bits(Op.MM, cfg))["pb"] == 0
+                    assert isa.operands(word)["M"] <= 4 and isa.operands(word)["N"] <= 4

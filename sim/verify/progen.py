@@ -74,6 +74,14 @@ def _random_rqc(rng: random.Random) -> Instr:
     return rqc(m, s, relu=rng.randint(0, 1))
 
 
+def _packed_b(rng: random.Random, fast, N: int) -> tuple[int, int]:
+    """(pb, words of one k of B): on a chip with mm_pack = 1 an MM reads B packed (pb, fl[2],
+    docs/mm-fast.md) one time in two, ceil(N/4) words a k; elsewhere (0, N) and no random number is drawn."""
+    if fast is not None and fast.mm_pack and rng.random() < 0.5:
+        return 1, -(-N // 4)
+    return 0, N
+
+
 def _maybe_fused(rng: random.Random, ins: Instr, mm_rq: bool) -> Instr:
     """On a chip with mm_rq=1 an MM gets its rq flag (fl[1]) one time in two; elsewhere `ins` as it is
     (and no random number is drawn, so the book's programs do not change)."""
@@ -86,10 +94,11 @@ def _maybe_fused(rng: random.Random, ins: Instr, mm_rq: bool) -> Instr:
 class _Gen:
     """State of one program being generated."""
 
-    def __init__(self, rng: random.Random, ext: int, mm_rq: bool = False):
+    def __init__(self, rng: random.Random, ext: int, mm_rq: bool = False, fast=None):
         self.rng = rng
         self.ext = ext
         self.mm_rq = mm_rq
+        self.fast = fast        # the chip, if it has mm_pack or mm_overlap (docs/mm-fast.md), else None
         self.src_words, self.st_zone, self.final_dst = _ext_layout(ext)
 
     # -- regions --
@@ -121,22 +130,25 @@ class _Gen:
     # -- instructions --
     def mm(self) -> Instr:
         rng = self.rng
-        M, N = rng.randint(1, 4), rng.randint(1, 4)
+        top = 4 if self.fast is None else self.fast.array
+        M, N = rng.randint(1, top), rng.randint(1, top)
         K = rng.choice([1, 64, rng.randint(2, 63)])
         tb = rng.randint(0, 1)
+        pb, pw = _packed_b(rng, self.fast, N)
+        tb = 0 if pb else tb
         lda = rng.choice([K, K, rng.randint(0, K + 8)])
-        ldb = rng.choice([K if tb else N, rng.randint(0, 70)])
+        ldb = rng.choice([pw if pb else K if tb else N, rng.randint(0, 70)])
         ldc = rng.choice([N, N, rng.randint(N, 12), rng.randint(0, N)])
         span_a = (M - 1) * lda + K
-        span_b = (N - 1) * ldb + K if tb else (K - 1) * ldb + N
+        span_b = (K - 1) * ldb + pw if pb else (N - 1) * ldb + K if tb else (K - 1) * ldb + N
         span_c = (M - 1) * ldc + N
         if span_a > 4 * ARENA or span_b > 4 * ARENA or span_c > RESULT_LEN:
-            lda, ldb, ldc = K, (K if tb else N), N
-            span_a, span_b, span_c = (M - 1) * K + K, ((N - 1) * K + K if tb else (K - 1) * N + N), (M - 1) * N + N
+            lda, ldb, ldc = K, (pw if pb else K if tb else N), N
+            span_a, span_b, span_c = (M - 1) * K + K, ((N - 1) * K + K if tb else (K - 1) * ldb + (pw if pb else N)), (M - 1) * N + N
         A = self.anywhere(span_a) if span_a <= RESULT_LEN else rng.randint(0, 4 * ARENA - span_a)
         B = self.anywhere(span_b) if span_b <= RESULT_LEN else rng.randint(0, 4 * ARENA - span_b)
         dst = rng.randint(RESULT_BASE, RESULT_BASE + RESULT_LEN - span_c)   # MM may overlap freely
-        return _maybe_fused(rng, mm(dst, A, B, M=M, K=K, N=N, lda=lda, ldb=ldb, ldc=ldc, tb=tb), self.mm_rq)
+        return _maybe_fused(rng, mm(dst, A, B, M=M, K=K, N=N, lda=lda, ldb=ldb, ldc=ldc, tb=tb, pb=pb), self.mm_rq)
 
     def rqc(self) -> Instr:
         return _random_rqc(self.rng)
@@ -202,7 +214,7 @@ _KINDS = ("mm", "mm", "rq", "sm", "vadd", "amax", "unpack", "ld", "st")
 
 
 def _classic_program(rng: random.Random, ext: int, cfg=BOOK) -> tuple[list[int], list[int]]:
-    g = _Gen(rng, ext, bool(cfg.mm_rq))
+    g = _Gen(rng, ext, bool(cfg.mm_rq), cfg if cfg.mm_pack or cfg.mm_overlap else None)
     kinds = _KINDS + (("rqc",) if cfg.mm_rq else ())
     image = _random_image(rng, ext)
     prog: list[Instr] = []
@@ -339,9 +351,10 @@ def _wide_image(rng: random.Random, ext: int) -> list[int]:
 class _Wide:
     """State of one wide program being generated: the knobs, the last instruction's output."""
 
-    def __init__(self, rng: random.Random, ext: int, lat: int, knobs: Knobs, mm_rq: bool = False):
+    def __init__(self, rng: random.Random, ext: int, lat: int, knobs: Knobs, mm_rq: bool = False, fast=None):
         self.rng, self.ext, self.lat, self.k = rng, ext, lat, knobs
         self.mm_rq = mm_rq
+        self.fast = fast        # the chip, if it has mm_pack or mm_overlap (docs/mm-fast.md), else None
         # External memory: body STs write below `zone`, the final stores from `zone` up.
         self.zone = ext - _SPAD if ext >= 2 * _SPAD else ext // 4
         self.prev: tuple[str, int, int] | None = None      # ("spad" | "ext", start, length) last written
@@ -393,21 +406,27 @@ class _Wide:
     # -- instructions: each returns (instruction, what it writes) --
     def mm(self):
         rng = self.rng
-        M, N = rng.randint(1, 4), rng.randint(1, 4)
+        top = 4 if self.fast is None else self.fast.array
+        M, N = rng.randint(1, top), rng.randint(1, top)
         K = rng.choice([1, 64, rng.randint(2, 63)])
         tb = rng.randint(0, 1)
+        pb, pw = _packed_b(rng, self.fast, N)
+        tb = 0 if pb else tb
         lda = rng.choice([K, K, rng.randint(0, K + 8), rng.randint(0, 1000)])
-        ldb = rng.choice([K if tb else N, rng.randint(0, 70), rng.randint(0, 1000)])
+        ldb = rng.choice([pw if pb else K if tb else N, rng.randint(0, 70), rng.randint(0, 1000)])
         ldc = rng.choice([N, N, rng.randint(0, 12), rng.randint(0, 1000)])
         span_a = (M - 1) * lda + K
-        span_b = (N - 1) * ldb + K if tb else (K - 1) * ldb + N
+        span_b = (K - 1) * ldb + pw if pb else (N - 1) * ldb + K if tb else (K - 1) * ldb + N
         if span_b > _SPAD:
-            ldb = K if tb else N
-            span_b = N * K
+            ldb = pw if pb else K if tb else N
+            span_b = pw * K if pb else N * K
+        if (M - 1) * lda + K > _SPAD or (M - 1) * ldc + N > _SPAD:    # only with M > 4 (mm-fast chips)
+            lda, ldc = K, N
+            span_a = M * K
         span_c = (M - 1) * ldc + N
         A, B = self.source(span_a), self.source(span_b)
         dst = rng.randint(0, _SPAD - span_c)          # the operands are staged first: any overlap is fine
-        ins = mm(dst, A, B, M=M, K=K, N=N, lda=lda, ldb=ldb, ldc=ldc, tb=tb)
+        ins = mm(dst, A, B, M=M, K=K, N=N, lda=lda, ldb=ldb, ldc=ldc, tb=tb, pb=pb)
         return _maybe_fused(rng, ins, self.mm_rq), ("spad", dst, span_c)
 
     def rqc(self):
@@ -497,7 +516,7 @@ def _with_junk(rng: random.Random, word: int, p: float, cfg=BOOK) -> int:
 def _wide_program(rng: random.Random, ext: int, lat: int, k: Knobs, cfg=BOOK) -> tuple[list[int], list[int]]:
     if ext < 1024:
         raise ValueError(f"ext = {ext} words is too small for wide programs (need >= 1024)")
-    g = _Wide(rng, ext, lat, k, bool(cfg.mm_rq))
+    g = _Wide(rng, ext, lat, k, bool(cfg.mm_rq), cfg if cfg.mm_pack or cfg.mm_overlap else None)
     kinds = _WIDE_KINDS + (("rqc",) if cfg.mm_rq else ())
     image = _wide_image(rng, ext)
     cost = lambda ins: 2 + busy_cycles(ins, lat)                        # noqa: E731
@@ -550,8 +569,10 @@ def random_program(rng, ext: int = 2048, knobs: Knobs | None = None, lat: int = 
     lat : int
         The external read latency the program's cycle budget is counted at (wide programs only).
     config : hdl.config.ChipConfig, optional
-        The chip (default the book's). Only ``mm_rq`` changes the programs: with it they also carry RQCs
-        and MMs with the rq flag (docs/fused-rq.md), and the junk spares MM's rq bit.
+        The chip (default the book's). Only ``mm_rq``, ``mm_pack`` and ``mm_overlap`` change the programs:
+        with mm_rq they also carry RQCs and MMs with the rq flag (docs/fused-rq.md), and the junk spares
+        MM's rq bit; with mm_pack or mm_overlap MM's M and N range over 1..array (else 1..4), and with
+        mm_pack half the MMs read B packed (pb = 1, docs/mm-fast.md) and the junk spares the pb bit.
     """
     if not isinstance(rng, random.Random):
         rng = random.Random(rng)
