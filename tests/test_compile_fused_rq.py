@@ -16,6 +16,8 @@ from host import tiny_lm as T
 from host.batch import batch_program, universal_ranges
 from host.calibrate import calibrate
 from host.engine import Engine, Request
+from host.paged import PagedChip
+from host.resident import ResidentChip
 from sim.backends.reference import ReferenceMachine
 from test_random_graphs import expected_memory, random_graph
 
@@ -124,6 +126,20 @@ def test_resident_serving_gives_the_same_requests_for_fewer_cycles():
     assert [[r[k] for k in keys] for r in res[1]["requests"]] == [[r[k] for k in keys] for r in res[0]["requests"]]
     assert all(r["tokens"] for r in res[1]["requests"])
     assert res[1]["total_cycles"] < res[0]["total_cycles"]
+
+
+@pytest.mark.parametrize("host", [PagedChip, ResidentChip])
+def test_the_decode_hosts_give_the_same_tokens_and_logits_for_fewer_cycles(host):
+    # the book-mode host (PagedChip: the whole image every step) and the resident one (compiler.resident's
+    # step programs: GATHER/SCATTER around the book's lowering), window 4, every step
+    out = {}
+    for cfg in (PLAIN, FUSED):
+        chip = host(M, 10, 4, page=4, backend=ReferenceMachine(config=cfg), config=cfg)
+        out[cfg.mm_rq] = chip.generate(0, 10)
+    (tp, rp), (tf, rf) = out[0], out[1]
+    assert tf == tp
+    assert [r["logits_int"] for r in rf] == [r["logits_int"] for r in rp]
+    assert all(f["counters"][0] < p["counters"][0] for f, p in zip(rf, rp))
 
 
 def test_an_rqc_is_skipped_only_when_the_unit_holds_its_parameters():
