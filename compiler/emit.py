@@ -268,7 +268,7 @@ def compile_graph(graph: Graph, calib_samples, ranges=None, ext_words: int | Non
                     ldb = k if tb else -(-nn // PACK) if pb else nn
                     emit(isa.mm(dst + i0 * nn + j0, srcs[0] + i0 * k, b_addr,
                                 min(tile, m - i0), k, min(tile, nn - j0), lda=k, ldb=ldb, ldc=nn,
-                                tb=int(tb), rq=int(fused_rq), **({"pb": 1} if pb else {})),
+                                tb=int(tb), rq=int(fused_rq), pb=int(pb)),
                          f"node {n.id} tile " + (f"i0={i0} " if m > tile else "") + f"j0={j0}")
             if not fused_rq:
                 mant, sh = requantizer(n, A, B)
