@@ -218,3 +218,30 @@ def test_a_tile_that_is_not_word_aligned_is_refused():
     with pytest.raises(CompileError, match="column 2 of the packed .* is not word-aligned"):
         compile_graph(g, [smp], config=cfg)
     compile_graph(g, [smp], config=parse_chip("array=4,mm_pack=1"))        # aligned at 4
+
+
+@pytest.mark.parametrize("spec", ["book,mm_pack=1", "book,mm_rq=1,mm_pack=1"])
+def test_random_graphs_give_the_interpreters_words_with_packed_weights(spec):
+    # tests/test_random_graphs.py's graphs (int4 weights, slices, concats, relus, softmaxes, adds, argmaxes;
+    # weights of any width, so rows padded to whole words) on the book's chip with packing, with and without
+    # fused requantization: 4x4 tiles, so packed tiles at word offsets 1, 2, ...; the interpreter never
+    # looks at the code and the image it starts from is the packed one
+    from test_random_graphs import expected_memory, random_graph
+    cfg = parse_chip(spec)
+    plain_cfg = parse_chip(spec.replace("mm_pack=1", "mm_pack=0"))
+    packed_cycles = plain_cycles = graphs = tiles = padded = wide = 0
+    for seed in range(200):
+        g, sample = random_graph(seed)
+        P = compile_graph(g, [sample], config=cfg)
+        which = packed_weights(g, cfg)
+        r = ReferenceMachine(config=cfg).run(P.code, ext_image(P, sample, P.ext_size), 8)
+        assert list(r.ext) == expected_memory(P, sample), f"seed {seed}\n{P.listing()}"
+        assert list(r.counters) == P.counters(8), seed
+        if which:
+            graphs += 1
+            tiles += sum(1 for w in P.code if isa.operands(w)["op"] == isa.Op.MM and isa.operands(w)["pb"])
+            padded += sum(1 for i in which if g[i].cols % 4)            # rows padded to whole words
+            wide += sum(1 for i in which if g[i].cols > 4)              # tiles at word offsets 1, 2, ...
+            packed_cycles += r.counters[0]
+            plain_cycles += compile_graph(g, [sample], config=plain_cfg).counters(8)[0]
+    assert graphs >= 30 and tiles >= graphs and padded >= 5 and wide >= 5 and packed_cycles < plain_cycles
