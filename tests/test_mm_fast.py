@@ -252,3 +252,142 @@ def test_progen_programs_of_other_chips_read_no_pb():
                 if word >> 124 == Op.MM:
                     assert isa.operands(word & ~ignored_bits(Op.MM, cfg))["pb"] == 0
                     assert isa.operands(word)["M"] <= 4 and isa.operands(word)["N"] <= 4
+
+
+# ---- the unit (hdl/units/mm.py) on its own -------------------------------------------------------
+
+def _golden_writes(mem, word, cfg):
+    """The writes of one MM (address, unsigned word) in order, B packed when pb on an mm_pack chip."""
+    from hdl.arith import s8, s32, u32
+    o = isa.operands(word)
+    M, K, N, depth = o["M"], o["K"], o["N"], len(mem)
+    pb = o["pb"] and cfg.mm_pack
+    a = [[s8(mem[(o["A"] + r * o["lda"] + k) % depth]) for k in range(K)] for r in range(M)]
+
+    def b(k, n):
+        if pb:
+            return s8(mem[(o["B"] + k * o["ldb"] + n // 4) % depth] >> (8 * (n % 4)))
+        if o["tb"]:
+            return s8(mem[(o["B"] + n * o["ldb"] + k) % depth])
+        return s8(mem[(o["B"] + k * o["ldb"] + n) % depth])
+    return [((o["dst"] + r * o["ldc"] + n) % depth, u32(s32(sum(a[r][k] * b(k, n) for k in range(K)))))
+            for r in range(M) for n in range(N)]
+
+
+def _random_mm(rng, cfg, M, K, N, tb, pb):
+    """An MM with random bases and strides (usually the dense ones), sometimes C over A or over B."""
+    def stride(dense):
+        return dense if rng.random() < 0.5 else rng.randrange(4096)
+    a, b, dst = rng.randrange(4096), rng.randrange(4096), rng.randrange(4096)
+    pick = rng.random()
+    if pick < 0.15:
+        dst = a
+    elif pick < 0.3:
+        dst = b
+    return isa.encode(isa.mm(dst, a, b, M, K, N, lda=stride(K), ldb=stride(-(-N // 4) if pb else K if tb else N),
+                             ldc=stride(N), tb=0 if pb else tb, pb=pb))
+
+
+def _run_unit(cfg, words, seed, trace=False, **issue_options):
+    """The MM words back to back on the unit of chip `cfg`, the whole scratchpad checked after each
+    against `_golden_writes`; returns [(B, trace)]."""
+    from hdl.units.mm import MatrixUnit
+    from tests.unitbench import simulate
+    rng = random.Random(seed)
+    background = [rng.getrandbits(32) for _ in range(4096)]
+
+    async def bench_fn(ctx, bench):
+        bench.fill(ctx, background)
+        mirror = list(background)
+        await bench.idle(ctx, 2)
+        out = []
+        for word in words:
+            writes = _golden_writes(mirror, word, cfg)
+            b, cycles = await bench.issue(ctx, word, trace=trace, **issue_options)
+            for addr, value in writes:
+                mirror[addr] = value
+            bench.check_against(ctx, mirror, word)
+            await bench.idle(ctx, 1)
+            out.append((b, cycles))
+        return out
+    return simulate(MatrixUnit(config=cfg), bench_fn)
+
+
+UNIT_CHIPS = [
+    "mm_pack=1",                                          # serial, one port
+    "array=8,mm_load=4,mm_pack=1",                        # serial, four ports
+    "mm_overlap=1",                                       # overlapped, 1 + 1 ports
+    "array=8,mm_load=4,mm_pack=1,mm_overlap=1",           # the fast chip's unit: 4 + 4 ports
+    "mm_load=2,mm_pack=1,mm_overlap=1",
+    "array=2,mm_load=4,row_depth=4,mm_pack=1,mm_overlap=1",   # groups wider than the array and K
+    "array=1,row_depth=1,mm_overlap=1",
+]
+
+
+@pytest.mark.parametrize("spec", UNIT_CHIPS)
+def test_unit_equals_golden_and_cycle_model(spec):
+    """Corner and random shapes (both tb; pb half the time on a pack chip; random bases, strides,
+    C over A or B): the whole scratchpad is the golden matmul's and B is hdl.isa.mm_busy_cycles."""
+    cfg = parse_chip(spec)
+    rng = random.Random(spec)
+    n, d = min(cfg.array, 15), cfg.row_depth
+    corners = [(1, 1, 1), (n, d, n), (n, min(d, 5), 1), (1, min(d, 7), n), (n, 1, n)]
+    shapes = corners + [(rng.randint(1, n), rng.choice([1, 2, 3, 4, 5, rng.randint(1, min(d, 24))]) if d > 1
+                         else 1, rng.randint(1, n)) for _ in range(8)]
+    cases = []
+    for M, K, N in shapes:
+        K = min(K, d)
+        pb = cfg.mm_pack and rng.random() < 0.6
+        tb = 0 if pb else rng.randrange(2)
+        cases.append((M, K, N, tb, int(pb)))
+    words = [_random_mm(rng, cfg, *c) for c in cases]
+    got = [b for b, _ in _run_unit(cfg, words, seed=len(spec))]
+    assert got == [isa.mm_busy_cycles(M, K, N, cfg, tb=tb, pb=pb) for M, K, N, tb, pb in cases]
+
+
+def test_overlapped_schedule_port_timing():
+    """docs/mm-fast.md's schedule on the fast chip's unit: port 0 reads A + k + g*L*lda in cycle x = k*C + g
+    (W(x+1)); C's words go out m-major from x = X0 on, one a cycle, each the golden value; done alone in
+    W_B, busy before it."""
+    cfg = parse_chip("array=8,mm_load=4,mm_pack=1,mm_overlap=1")
+    L = 4
+    cases = [(8, 9, 8, 0, 0, 13), (3, 5, 7, 0, 1, 2), (8, 3, 2, 1, 0, 9)]      # M, K, N, tb, pb, lda
+    words = [isa.encode(isa.mm(4090, 4093, 7, M, K, N, lda=lda, ldb=11, ldc=N + 2, tb=tb, pb=pb))
+             for M, K, N, tb, pb, lda in cases]
+    rng = random.Random(9)
+    background = [rng.getrandbits(32) for _ in range(4096)]
+    mirror = list(background)
+    for (M, K, N, tb, pb, lda), word, (b, cycles) in zip(cases, words, _run_unit(cfg, words, 9, trace=True)):
+        C = max(-(-M // L), isa.mm_b_groups(N, cfg, pb))
+        x0 = (K - 1) * C + max(3, C - 1)
+        assert b == x0 + M * N + 1 == len(cycles)
+        ra = [cy.ra for cy in cycles]
+        assert ra[:K * C] == [(4093 + k + g * L * lda) % 4096 for k in range(K) for g in range(C)]
+        writes = _golden_writes(mirror, word, cfg)
+        for addr, value in writes:
+            mirror[addr] = value
+        assert [(cy.n, cy.wa, cy.wd) for cy in cycles if cy.we] == \
+            [(x0 + 1 + q, a, v) for q, (a, v) in enumerate(writes)]
+        assert [cy.done for cy in cycles] == [0] * (b - 1) + [1]
+        assert [cy.busy for cy in cycles] == [1] * (b - 1) + [0]
+
+
+def test_overlapped_unit_ignores_start_while_busy_and_hangs_on_a_zero_dimension():
+    from hdl.units.mm import MatrixUnit
+    from tests.unitbench import nonzero_words, simulate
+    cfg = parse_chip("array=8,mm_load=4,mm_pack=1,mm_overlap=1")
+    rng = random.Random(4)
+    cases = [(8, 7, 8, 0, 1), (4, 3, 1, 1, 0), (1, 9, 5, 0, 0)]
+    words = [_random_mm(rng, cfg, *c) for c in cases]
+    got = [b for b, _ in _run_unit(cfg, words, seed=4, stray=range(1, 1000))]
+    assert got == [isa.mm_busy_cycles(M, K, N, cfg, pb=pb) for M, K, N, _, pb in cases]
+    for seed, word in enumerate([isa.mm(100, 0, 50, 0, 3, 2), isa.mm(100, 0, 50, 2, 0, 2),
+                                 isa.mm(100, 0, 50, 2, 3, 0, pb=1)]):
+        background = nonzero_words(seed)
+
+        async def bench_fn(ctx, bench):
+            bench.fill(ctx, background)
+            b, _ = await bench.issue(ctx, isa.encode(word), hang=True, limit=300)
+            bench.check_against(ctx, background, isa.encode(word))
+            return b
+        assert simulate(MatrixUnit(config=cfg), bench_fn) is None

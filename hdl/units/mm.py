@@ -26,6 +26,18 @@ input is high (the chip raises it at E0 of an RQC; the unit need not be idle, an
 An MM whose rq flag (latched at E0 with the other operands) is set writes every C element through one
 combinational `hdl.requant.Requantizer` fed by those registers: ``sext8(requant(C, m, s, relu))``, in the
 same OUT cycle, so the timing contract above is unchanged. With ``mm_rq = 0`` none of it exists.
+
+Packed B (``config.mm_pack``, docs/mm-fast.md): an MM with its pb flag reads B's element (k, n) as byte
+n % 4 of word ``B + k*ldb + n // 4``; LB then reads L words (4L columns) of one k a cycle, so it takes
+K*ceil(ceil(N/4)/L) + 2 cycles, and tb is not read. Overlapped phases (``config.mm_overlap``,
+docs/mm-fast.md "The schedule"): states IDLE, LOAD, OUT. From W1 on A and B are staged k by k at once, C =
+max(ceil(M/L), cB) cycles a k (A's column k, L rows a cycle, through read ports 0..L-1; B's k through
+ports L..2L-1), the array runs its cycle t in x = S + t with S = (K-1)*(C-1) + 2 (x counts from W1 = 0),
+OUT writes C from x = X0 = (K-1)*C + max(3, C-1) while the array finishes, and the last write finishes:
+
+    B = (K-1)*C + max(3, C-1) + M*N + 1.
+
+With both at 0 none of it exists (the Verilog is the same as without these parameters).
 """
 from amaranth.hdl import Cat, Module, Mux, Signal, signed
 from amaranth.lib import data
@@ -55,7 +67,8 @@ MM_RQ_PROPERTIES = {
 class MatrixUnit(SpadUnit):
     """The MM unit: stages A and B into operand memories, runs the array, writes C to the scratchpad.
 
-    The ports are `SpadUnit`'s, with L = ``config.mm_load`` read ports in ``spad``. dst, A, B, lda, ldb, M, K, N, tb and ldc are latched at E0; ``spad.raddr`` is the ``ptr`` register;
+    The ports are `SpadUnit`'s, with L = ``config.mm_load`` read ports in ``spad`` (2L with
+    ``config.mm_overlap``: ports 0..L-1 stage A, ports L..2L-1 stage B). dst, A, B, lda, ldb, M, K, N, tb and ldc are latched at E0; ``spad.raddr`` is the ``ptr`` register;
     only bits 7:0 of the read data are used; the write port is active in OUT. All operands are staged
     before any result is written, so the operand and result regions may overlap freely. Results wrap
     at 32 bits.
@@ -79,7 +92,8 @@ class MatrixUnit(SpadUnit):
 
     def ports(self, cfg):
         extra = {"rqc": In(1)} if cfg.mm_rq else {}
-        return {**super().ports(cfg), "spad": Out(SpadPort.of(cfg, reads=cfg.mm_load)), **extra}
+        reads = cfg.mm_load * (1 + cfg.mm_overlap)     # A's own L ports with mm_overlap (docs/mm-fast.md)
+        return {**super().ports(cfg), "spad": Out(SpadPort.of(cfg, reads=reads)), **extra}
 
     def __init__(self, *, config=BOOK):
         super().__init__(config=config)
@@ -105,8 +119,17 @@ class MatrixUnit(SpadUnit):
 
         # Operands, latched at E0.
         opr = self.operand_register()
+        if cfg.mm_overlap:
+            return self._elaborate_overlap(m, opr, array, wr, rd)
         dst, b_base, lda, ldb, ldc = opr.dst, opr.B, opr.lda, opr.ldb, opr.ldc
         M, K, N, tb = opr.M, opr.K, opr.N, opr.tb
+        if cfg.mm_pack:
+            # pb (docs/mm-fast.md): B's words hold four columns each; a packed B is never transposed
+            pb = opr.pb
+            tb = tb & ~pb
+            n_step = Mux(pb, 4 * L, L)      # columns of B staged per cycle
+        else:
+            n_step = L
 
         # Counters as wide as the instruction's M, K and N fields; t runs to K+M+N-3; pointers are
         # scratchpad addresses.
@@ -132,6 +155,8 @@ class MatrixUnit(SpadUnit):
             last_k, last_n = ki == K - 1, ni == N - 1
         else:
             last_k, last_n = ki + L >= K, ni + L >= N
+        if cfg.mm_pack:
+            last_n = Mux(pb, ni + 4 * L >= N, last_n)
 
         # Operand memories: written while staging, read at k = (t - i) mod row_depth while running.
         # Word j of a group (read port j) carries element k_d + j of A's row, or column n_d + j of B's
@@ -141,44 +166,16 @@ class MatrixUnit(SpadUnit):
         for lane in range(2 * n_arr):
             for sub in range(L):
                 word = sub if lane < n_arr else (lane - n_arr) % L
-                m.d.comb += wr.data[lane * L + sub].eq(staged[word])
+                if cfg.mm_pack and lane >= n_arr:
+                    # packed: column i is byte i % 4 of word i // 4 of the group (read port (i // 4) % L)
+                    i = lane - n_arr
+                    packed = words[(i // 4) % L][8 * (i % 4):8 * (i % 4) + 8].as_signed()
+                    m.d.comb += wr.data[lane * L + sub].eq(Mux(pb, packed, staged[word]))
+                else:
+                    m.d.comb += wr.data[lane * L + sub].eq(staged[word])
         m.d.comb += wr.addr.eq(k_d >> lg_load)
-        if L == 1:
-            for i in range(n_arr):
-                m.d.comb += rd[i].addr.eq(t - i)
-            fed = [(rd[i].data[i], rd[i].data[n_arr + i]) for i in range(n_arr)]
-        else:
-            fed = []
-            for i in range(n_arr):
-                k_i = Signal(range(cfg.row_depth), name=f"k_feed{i}")
-                m.d.comb += [k_i.eq(t - i), rd[i].addr.eq(k_i >> lg_load)]
-                sub = k_i[:lg_load]
-                fed.append((rd[i].data.as_value().word_select(i * L + sub, 8).as_signed(),
-                            rd[i].data.as_value().word_select((n_arr + i) * L + sub, 8).as_signed()))
-
-        # Skewed feed: row i gets A[i][t-i] and column i gets B[t-i][i] while they exist, else 0.
-        running = Signal()
-        for i in range(n_arr):
-            in_k = (t < K) if i == 0 else (t >= i) & (t - i < K)
-            m.d.comb += [
-                array.a_edge[i].eq(Mux(running & (i < M) & in_k, fed[i][0], 0)),
-                array.b_edge[i].eq(Mux(running & (i < N) & in_k, fed[i][1], 0)),
-            ]
-
-        # PE(m, n)'s accumulator is c[m * n_arr + n]: the low log2(n_arr) bits of each counter.
-        lg = (n_arr - 1).bit_length()
-        c_out = array.c[Cat(ni[:lg], mi[:lg])] if lg else array.c[0]
-        m.d.comb += self.spad.waddr.eq(oaddr)
-        if cfg.mm_rq:
-            # the output requantizer (docs/fused-rq.md): C through one Requantizer when the MM's rq is set
-            regs = self.rq_regs
-            with m.If(self.rqc):
-                m.d.sync += regs.eq(operand_bits(self.ins, Op.RQC))
-            m.submodules.requant = rq = Requantizer()
-            m.d.comb += [rq.acc.eq(c_out), rq.m.eq(regs.m), rq.s.eq(regs.s), rq.relu.eq(regs.relu),
-                         self.spad.wdata.eq(Mux(opr.rq, rq.q, c_out))]     # q is signed(8): sign-extended
-        else:
-            m.d.comb += self.spad.wdata.eq(c_out)
+        running = self._feed(m, array, rd, t, M, K, N)
+        self._drain(m, array, mi, ni, oaddr, opr)
 
         with self.control(m) as fsm:
             with m.State("IDLE"):
@@ -220,7 +217,7 @@ class MatrixUnit(SpadUnit):
                             step = Mux(tb, 1, ldb)
                             m.d.sync += [ki.eq(ki + 1), rowbase.eq(rowbase + step), ptr.eq(rowbase + step)]
                     with m.Else():
-                        m.d.sync += [ni.eq(ni + L), ptr.eq(ptr + (Mux(tb, ldb, 1) << lg_load))]
+                        m.d.sync += [ni.eq(ni + n_step), ptr.eq(ptr + (Mux(tb, ldb, 1) << lg_load))]
                 with m.Elif(~v):
                     m.next = "PRE"
 
@@ -238,30 +235,31 @@ class MatrixUnit(SpadUnit):
 
             with m.State("OUT"):
                 # The array keeps clocking with zero edges, so the accumulators hold.
-                with m.If(ni == N - 1):
-                    m.d.sync += ni.eq(0)
-                    with m.If(mi == M - 1):
-                        m.next = "FIN"
-                    with m.Else():
-                        m.d.sync += [mi.eq(mi + 1), orow.eq(orow + ldc), oaddr.eq(orow + ldc)]
-                with m.Else():
-                    m.d.sync += [ni.eq(ni + 1), oaddr.eq(oaddr + 1)]
+                def to_fin():
+                    m.next = "FIN"
+                self._out_walk(m, opr, mi, ni, orow, oaddr, to_fin)
 
             with m.State("FIN"):
                 self.finish(m)
 
         # Row m of A goes to A memory m, element (k, n) of B to B memory n, both at address k.
         if L == 1:
+            b_lane = [n_d == i for i in range(n_arr)]
+            if cfg.mm_pack:
+                b_lane = [Mux(pb, n_d == i // 4 * 4, b_lane[i]) for i in range(n_arr)]
             m.d.comb += wr.en.eq(Cat(
                 Cat(fsm.ongoing("LA") & v & (m_d == i) for i in range(n_arr)),
-                Cat(fsm.ongoing("LB") & v & (n_d == i) for i in range(n_arr)),
+                Cat(fsm.ongoing("LB") & v & b_lane[i] for i in range(n_arr)),
             ))
         else:
             # A group of A writes the elements k_d .. k_d+L-1 (those below K) of lane m_d; a group of
             # B writes element k_d mod L of lanes n_d .. n_d+L-1 (n_d a multiple of L).
+            b_lane = [n_d == i // L * L for i in range(n_arr)]
+            if cfg.mm_pack:
+                b_lane = [Mux(pb, n_d == i // (4 * L) * (4 * L), b_lane[i]) for i in range(n_arr)]
             m.d.comb += wr.en.eq(Cat(
                 Cat(fsm.ongoing("LA") & v & (m_d == i) & (k_d + s < K) for i in range(n_arr) for s in range(L)),
-                Cat(fsm.ongoing("LB") & v & (n_d == i // L * L) & (k_d[:lg_load] == s)
+                Cat(fsm.ongoing("LB") & v & b_lane[i] & (k_d[:lg_load] == s)
                     for i in range(n_arr) for s in range(L)),
             ))
             # Read port j+1 reads element j+1 of the group: step 1 along A's row, B's n step otherwise.
@@ -270,13 +268,83 @@ class MatrixUnit(SpadUnit):
         m.d.comb += running.eq(fsm.ongoing("RUN"))
         m.d.comb += self.spad.we.eq(fsm.ongoing("OUT"))
 
+        self._check(m, opr)
+        return m
+
+    def _check(self, m, opr):
+        """The unit contract (scope "mm"; "mm_rq" with the requantizer's properties on an mm_rq chip,
+        "mm_fast" on an mm_pack or mm_overlap chip without it)."""
+        cfg = self.config
         if cfg.mm_rq:
             # the unit contract under the scope "mm_rq", and the requantizer's properties
             unit_protocol(m, "mm_rq", self.start, self.busy, self.done, opr.as_value())
             self._check_rq(m, opr)
+        elif cfg.mm_pack or cfg.mm_overlap:
+            unit_protocol(m, "mm_fast", self.start, self.busy, self.done, opr.as_value())
         else:
             self.check_protocol(m, opr)
-        return m
+
+    @staticmethod
+    def _out_walk(m, opr, mi, ni, orow, oaddr, last):
+        """One OUT cycle: C element (mi, ni) is written at oaddr; step m-major, or `last()` after
+        element (M-1, N-1)."""
+        M, N, ldc = opr.M, opr.N, opr.ldc
+        with m.If(ni == N - 1):
+            m.d.sync += ni.eq(0)
+            with m.If(mi == M - 1):
+                last()
+            with m.Else():
+                m.d.sync += [mi.eq(mi + 1), orow.eq(orow + ldc), oaddr.eq(orow + ldc)]
+        with m.Else():
+            m.d.sync += [ni.eq(ni + 1), oaddr.eq(oaddr + 1)]
+
+    def _feed(self, m, array, rd, t, M, K, N):
+        """The array's skewed feed from the operand memories in its cycle `t`; returns `running`, the
+        signal that lets it through (else the edges are 0)."""
+        cfg = self.config
+        n_arr, L = cfg.array, cfg.mm_load
+        lg_load = (L - 1).bit_length()
+        if L == 1:
+            for i in range(n_arr):
+                m.d.comb += rd[i].addr.eq(t - i)
+            fed = [(rd[i].data[i], rd[i].data[n_arr + i]) for i in range(n_arr)]
+        else:
+            fed = []
+            for i in range(n_arr):
+                k_i = Signal(range(cfg.row_depth), name=f"k_feed{i}")
+                m.d.comb += [k_i.eq(t - i), rd[i].addr.eq(k_i >> lg_load)]
+                sub = k_i[:lg_load]
+                fed.append((rd[i].data.as_value().word_select(i * L + sub, 8).as_signed(),
+                            rd[i].data.as_value().word_select((n_arr + i) * L + sub, 8).as_signed()))
+
+        # Skewed feed: row i gets A[i][t-i] and column i gets B[t-i][i] while they exist, else 0.
+        running = Signal()
+        for i in range(n_arr):
+            in_k = (t < K) if i == 0 else (t >= i) & (t - i < K)
+            m.d.comb += [
+                array.a_edge[i].eq(Mux(running & (i < M) & in_k, fed[i][0], 0)),
+                array.b_edge[i].eq(Mux(running & (i < N) & in_k, fed[i][1], 0)),
+            ]
+        return running
+
+    def _drain(self, m, array, mi, ni, oaddr, opr):
+        """C's write port: PE(mi, ni)'s accumulator (requantized on an mm_rq chip when rq) to `oaddr`."""
+        cfg = self.config
+        n_arr = cfg.array
+        # PE(m, n)'s accumulator is c[m * n_arr + n]: the low log2(n_arr) bits of each counter.
+        lg = (n_arr - 1).bit_length()
+        c_out = array.c[Cat(ni[:lg], mi[:lg])] if lg else array.c[0]
+        m.d.comb += self.spad.waddr.eq(oaddr)
+        if cfg.mm_rq:
+            # the output requantizer (docs/fused-rq.md): C through one Requantizer when the MM's rq is set
+            regs = self.rq_regs
+            with m.If(self.rqc):
+                m.d.sync += regs.eq(operand_bits(self.ins, Op.RQC))
+            m.submodules.requant = rq = Requantizer()
+            m.d.comb += [rq.acc.eq(c_out), rq.m.eq(regs.m), rq.s.eq(regs.s), rq.relu.eq(regs.relu),
+                         self.spad.wdata.eq(Mux(opr.rq, rq.q, c_out))]     # q is signed(8): sign-extended
+        else:
+            m.d.comb += self.spad.wdata.eq(c_out)
 
     def _check_rq(self, m, opr):
         """`MM_RQ_PROPERTIES` as Asserts (scope ``mm_rq``)."""
@@ -289,3 +357,126 @@ class MatrixUnit(SpadUnit):
         w = self.spad.wdata.as_signed()
         in_range = (w >= Mux(self.rq_regs.relu, 0, -127)) & (w <= 127)
         h.check("rq_range", ~(self.spad.we & opr.rq) | in_range, t["rq_range"])
+
+    def _elaborate_overlap(self, m, opr, array, wr, rd):
+        """The unit of a chip with ``mm_overlap`` (docs/mm-fast.md "The schedule"): states IDLE, LOAD
+        (staging A and B k by k at once; the array runs from cycle S on) and OUT (C written m-major while
+        the array's last skew cycles run; the last write finishes). x counts the cycles from W1 (x = 0)."""
+        cfg = self.config
+        n_arr, L = cfg.array, cfg.mm_load
+        lg_load = (L - 1).bit_length()
+        dst, lda, ldb = opr.dst, opr.lda, opr.ldb
+        M, K, N = opr.M, opr.K, opr.N
+        if cfg.mm_pack:
+            pb = opr.pb
+            tb = opr.tb & ~pb           # a packed B is never transposed
+            b_words = Mux(pb, (N + 3) >> 2, N)
+        else:
+            pb, tb, b_words = None, opr.tb, N
+
+        # C = max(ceil(M/L), cB) cycles a k; S = (K-1)*(C-1) + 2 the array's first cycle; X0 =
+        # (K-1)*C + max(3, C-1) the first write (hdl.isa.mm_busy_cycles).
+        c_a = Signal(range(n_arr + 1), name="c_a")
+        c_b = Signal(range(n_arr + 1), name="c_b")
+        c = Signal(range(n_arr + 1), name="c_k")
+        km1 = Signal(len(K), name="km1")
+        span = cfg.row_depth * n_arr
+        prod = Signal(range(span + 1), name="prod")
+        s_run = Signal(range(span + 3), name="s_run")
+        x_out = Signal(range(span + n_arr + 1), name="x_out")
+        m.d.comb += [
+            c_a.eq((M + (L - 1)) >> lg_load), c_b.eq((b_words + (L - 1)) >> lg_load),
+            c.eq(Mux(c_a > c_b, c_a, c_b)),
+            km1.eq(K - 1), prod.eq(km1 * c),
+            s_run.eq(prod - km1 + 2),
+            x_out.eq(prod + Mux(c > 4, c - 1, 3)),
+        ]
+        # x runs to the last write, X0 + M*N - 1; t = x - S, as wide (no wrap back into 0..K+M+N-3)
+        x = Signal(range(span + n_arr + n_arr * n_arr + 2), name="x")
+        t = Signal.like(x, name="t")
+        m.d.comb += t.eq(x - s_run)
+
+        # Staging: k and group g of the read going out now; pointers of A's and B's group and k bases.
+        ks = Signal(len(K), name="ks")
+        gs = Signal(range(n_arr + 1), name="gs")
+        stg = Signal(name="stg")
+        pa, ra = self.addr_signal("pa"), self.addr_signal("ra")
+        pbp, rb = self.addr_signal("pbp"), self.addr_signal("rb")
+        # the reads of the previous cycle, whose words are in rdata now
+        va, vb = Signal(name="va"), Signal(name="vb")
+        k_d = Signal.like(ks, name="k_d")
+        g_d = Signal.like(gs, name="g_d")
+        b_port = Mux(tb, ldb, 1)            # B's read-port step: along a k (tb = 0, packed) or down (tb)
+        b_row = Mux(tb, 1, ldb)             # B's next k
+        # A's column k: L rows a group through read ports 0..L-1 (port j at pa + j*lda)
+        m.d.comb += self.spad.raddr.eq(pa)
+        for j in range(1, L):
+            m.d.comb += self.spad.raddr_x[j - 1].eq(pa + j * lda)
+        # B's k: L words a group through read ports L..2L-1 (port L+j at pbp + j*step)
+        for j in range(L):
+            m.d.comb += self.spad.raddr_x[L - 1 + j].eq(pbp + j * b_port)
+        a_words = [self.spad.rdata] + [self.spad.rdata_x[j - 1] for j in range(1, L)]
+        b_words_in = [self.spad.rdata_x[L - 1 + j] for j in range(L)]
+
+        # Operand memories: row i of A (lane i) from A's port i % L in group i // L; column i of B (lane
+        # n_arr + i) from B's port i % L in group i // L, or packed byte i % 4 of port (i // 4) % L in
+        # group i // (4L); element k_d mod L of entry k_d // L.
+        sub_ok = [k_d[:lg_load] == s for s in range(L)] if L > 1 else [1]
+        en_a, en_b = [], []
+        for i in range(n_arr):
+            a_val = a_words[i % L][:8].as_signed()
+            b_val = b_words_in[i % L][:8].as_signed()
+            b_grp = g_d == i // L
+            if cfg.mm_pack:
+                byte = b_words_in[(i // 4) % L][8 * (i % 4):8 * (i % 4) + 8].as_signed()
+                b_val = Mux(pb, byte, b_val)
+                b_grp = Mux(pb, g_d == i // (4 * L), b_grp)
+            for s in range(L):
+                m.d.comb += [wr.data[i * L + s].eq(a_val), wr.data[(n_arr + i) * L + s].eq(b_val)]
+                en_a.append(va & (g_d == i // L) & sub_ok[s])
+                en_b.append(vb & b_grp & sub_ok[s])
+        m.d.comb += [wr.addr.eq(k_d >> lg_load), wr.en.eq(Cat(*en_a, *en_b))]
+
+        running = self._feed(m, array, rd, t, M, K, N)
+        mi, ni = Signal(len(M), name="mi"), Signal(len(N), name="ni")
+        orow, oaddr = self.addr_signal("orow"), self.addr_signal("oaddr")
+        self._drain(m, array, mi, ni, oaddr, opr)
+
+        with self.control(m) as fsm:
+            with m.State("IDLE"):
+                with m.If(self.start):
+                    a_base = operand(self.ins, Op.MM, "A")
+                    b_base = operand(self.ins, Op.MM, "B")
+                    self.begin(m, opr)
+                    m.d.sync += [x.eq(0), ks.eq(0), gs.eq(0), stg.eq(1), va.eq(0), vb.eq(0),
+                                 pa.eq(a_base), ra.eq(a_base), pbp.eq(b_base), rb.eq(b_base)]
+                    m.next = "LOAD"
+
+            with m.State("LOAD"):
+                # M, K or N = 0 (illegal) never reaches OUT: the unit hangs and writes nothing
+                with m.If((x == x_out - 1) & (M != 0) & (K != 0) & (N != 0)):
+                    m.d.sync += [mi.eq(0), ni.eq(0), orow.eq(dst), oaddr.eq(dst)]
+                    m.next = "OUT"
+
+            with m.State("OUT"):
+                self._out_walk(m, opr, mi, ni, orow, oaddr, lambda: self.finish(m))
+
+        # Staging runs in LOAD and, for its last cycles, in OUT (x_out may be the last read's cycle).
+        with m.If(~fsm.ongoing("IDLE")):
+            m.d.sync += [x.eq(x + 1), va.eq(stg & (gs < c_a)), vb.eq(stg & (gs < c_b)),
+                         k_d.eq(ks), g_d.eq(gs)]
+            with m.If(stg):
+                with m.If(gs == c - 1):
+                    m.d.sync += gs.eq(0)
+                    with m.If(ks == K - 1):
+                        m.d.sync += stg.eq(0)
+                    with m.Else():
+                        m.d.sync += [ks.eq(ks + 1), ra.eq(ra + 1), pa.eq(ra + 1),
+                                     rb.eq(rb + b_row), pbp.eq(rb + b_row)]
+                with m.Else():
+                    m.d.sync += [gs.eq(gs + 1), pa.eq(pa + (lda << lg_load)), pbp.eq(pbp + (b_port << lg_load))]
+        m.d.comb += [array.clr.eq(fsm.ongoing("LOAD") & (x == 0)),
+                     running.eq(~fsm.ongoing("IDLE") & (x >= s_run)),
+                     self.spad.we.eq(fsm.ongoing("OUT"))]
+        self._check(m, opr)
+        return m
