@@ -163,6 +163,10 @@ def targets() -> list[Target]:
     fused = replace(BOOK, mm_rq=1)
     out.append(Target("mm_rq", lambda: MatrixUnit(config=fused), {**UNIT_PROPERTIES, **MM_RQ_PROPERTIES},
                       every | frozenset(MM_RQ_PROPERTIES)))
+    # The faster MM unit (docs/mm-fast.md): packed B and overlapped phases, the unit contract (scope
+    # mm_fast).
+    fast_mm = replace(BOOK, mm_pack=1, mm_overlap=1)
+    out.append(Target("mm_fast", lambda: MatrixUnit(config=fast_mm), UNIT_PROPERTIES, every))
     # On the chip, induction succeeds only for the state facts: ownership and the LD range need the units'
     # internal invariants (not inductive alone), and yices does not close the counters' 32-bit adder
     # identity by induction within minutes; those three are bounded model checks from reset.
