@@ -361,3 +361,78 @@ def test_fuzz_command_on_verilator(capsys):
     assert main(["--sim", "verilator", "--count", "8", "--seed", "5", "--ext", "2048", "--lat", "8"]) == 0
     out = capsys.readouterr().out
     assert out.startswith("PASS: 8/8 programs identical on verilator and reference (seed 5, EXT 2048, LAT 8")
+
+
+# ---- the run-time library's objects, shared by every model ------------------------------------------------
+
+_FAKE_CXX = r'''
+import sys
+args = sys.argv[1:]
+with open(sys.argv[0] + ".calls", "a") as log:
+    log.write(" ".join(args) + "\n")
+if args == ["--version"]:
+    print("fake c++ 1.0")
+    sys.exit(0)
+src = open(args[-1]).read()
+defines = {a[2:].split("=")[0] for a in args if a.startswith("-D")}
+# the preprocessor: a line "#if NAME" keeps the next line only when -DNAME is given
+out, keep = [], True
+for line in src.splitlines():
+    if line.startswith("#if "):
+        keep = line[4:] in defines
+        continue
+    if keep:
+        out.append(line)
+    keep = True
+text = "\n".join(out)
+if "-E" in args:
+    print(text)
+    sys.exit(0)
+opt = [a for a in args if a.startswith("-O")]
+open(args[args.index("-o") + 1], "w").write(f"object of {text!r} at {opt}")
+'''
+
+
+def test_objcache_reuses_an_object_only_for_the_same_compile(tmp_path):
+    """The OBJCACHE wrapper (sim.backends.verilator_backend._OBJCACHE) with a stand-in compiler: a library
+    source compiled again with other -D flags that change nothing in it is not compiled again (the object
+    is copied); a -D flag that changes its preprocessed text, or another optimisation flag, compiles it
+    again; a source inside the build's own directory is always compiled."""
+    import subprocess
+    import sys
+    import sim.backends.verilator_backend as vb
+    cxx = tmp_path / "cxx.py"
+    cxx.write_text(_FAKE_CXX)
+    wrapper = tmp_path / "objcache.py"
+    wrapper.write_text(vb._OBJCACHE)
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    (lib / "verilated.cpp").write_text("int a;\n#if SPECIAL\nint b;\n")
+    build = tmp_path / "build"
+    (build / "obj").mkdir(parents=True)
+    (build / "main.cpp").write_text("int m;\n#if GA2_EXT\nint e;\n")
+    store = tmp_path / "objects"
+
+    def compile_(src, *flags):
+        out = build / "obj" / "x.o"
+        out.unlink(missing_ok=True)
+        p = subprocess.run([sys.executable, str(wrapper), str(store), sys.executable, str(cxx), "-O2", *flags,
+                            "-MMD", "-c", "-o", str(out), str(src)], cwd=build / "obj", capture_output=True, text=True)
+        assert p.returncode == 0, p.stderr
+        return out.read_text()
+
+    def compiles():
+        calls = (tmp_path / "cxx.py.calls").read_text().splitlines()
+        return sum(1 for c in calls if " -c " in f" {c} ")
+
+    first = compile_(lib / "verilated.cpp", "-DGA2_EXT=64")
+    assert first == "object of 'int a;' at ['-O2']" and compiles() == 1
+    assert compile_(lib / "verilated.cpp", "-DGA2_EXT=2048", "-DGA2_LAT=8") == first and compiles() == 1
+    special = compile_(lib / "verilated.cpp", "-DGA2_EXT=64", "-DSPECIAL")
+    assert special == "object of 'int a;\\nint b;' at ['-O2']" and compiles() == 2
+    assert compile_(lib / "verilated.cpp", "-DGA2_EXT=64", "-O1") == "object of 'int a;' at ['-O2', '-O1']"
+    assert compiles() == 3
+    assert len(list(store.glob("*.o"))) == 3
+    for ext in (64, 2048, 64):          # the build's own sources are never looked up
+        assert compile_(build / "main.cpp", f"-DGA2_EXT={ext}").startswith("object of 'int m;\\nint e;'")
+    assert compiles() == 6 and len(list(store.glob("*.o"))) == 3

@@ -6,12 +6,18 @@ edges until `halted` or `max_cycles`), then the external memory and the whole sc
 the harness's backdoor ports. Each (chip configuration, EXT, LAT) is its own elaboration, built once and
 cached under ``build/verilator/<hash>/`` (or ``$GA2_BUILD_DIR/verilator/<hash>/``), the hash covering the
 Verilog, the C++ driver, the build flags (the configuration's key among them) and the Verilator version.
+
+Verilator's run-time library (``verilated.cpp``, ``verilated_threads.cpp``: about half of a small model's
+compile time) is compiled once and its objects reused by every later model (`_OBJCACHE`, under
+``<cache root>/objects/``): an object is found by the compiler, its flags and the source as preprocessed
+with that model's flags, so a reused object is the one the compiler would have written.
 """
 from __future__ import annotations
 
 import fcntl
 import hashlib
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -46,6 +52,56 @@ VERILATOR_FLAGS = ["--cc", "--exe", "--build", "-O3", "--x-assign", "fast", "--x
                    "-MAKEFLAGS", "OPT_FAST=-O2 OPT_SLOW=-O1 OPT_GLOBAL=-O2 CFG_CXXFLAGS_PCH_I=-include"]
 
 _tool_cache: dict[str, tuple[list[str], str]] = {}
+
+# The compiler wrapper that make runs for every C++ compile of a build (verilated.mk's OBJCACHE, which it
+# puts before the compiler: ``$(OBJCACHE) $(CXX) flags -c -o X.o SRC``). Only a source outside the build's
+# own directory (Verilator's run-time library) is looked up; anything else is compiled as it is. The key:
+# the compiler's --version text, its flags without the output name and the preprocessor-only ones (-D, -I,
+# -U, -MMD), and the source as the preprocessor gives it with this very command's flags (0.2 s), so two
+# models whose -D flags differ share the library's objects only when those flags change nothing in it.
+# One compile per key at a time (a lock beside the object); an object appears by an atomic rename.
+_OBJCACHE = r'''
+import fcntl, hashlib, os, shutil, subprocess, sys
+store, cmd = sys.argv[1], sys.argv[2:]
+
+
+def compile_as_asked():
+    os.execvp(cmd[0], cmd)
+
+
+if "-c" not in cmd or cmd.count("-o") != 1 or "-include" in cmd or not cmd[-1].endswith(".cpp"):
+    compile_as_asked()
+out = cmd[cmd.index("-o") + 1]
+src = os.path.realpath(cmd[-1])
+if src.startswith(os.path.dirname(os.path.realpath(os.getcwd())) + os.sep):
+    compile_as_asked()                  # the model's own sources and the driver: nothing to share
+flags = [a for k, a in enumerate(cmd[1:-1], 1) if a != "-o" and cmd[k - 1] != "-o" and a != "-c"]
+pre = subprocess.run([cmd[0], *[a for a in flags if a not in ("-MMD", "-MD", "-MP")], "-E", cmd[-1]],
+                     capture_output=True)
+version = subprocess.run([cmd[0], "--version"], capture_output=True)
+if pre.returncode != 0 or version.returncode != 0:
+    compile_as_asked()
+h = hashlib.sha256()
+for part in (version.stdout, *(a.encode() for a in flags if not a.startswith(("-D", "-I", "-U", "-M"))),
+             os.path.basename(src).encode(), pre.stdout):
+    h.update(hashlib.sha256(part).digest())
+key = h.hexdigest()[:32]
+os.makedirs(store, exist_ok=True)
+obj = os.path.join(store, key + ".o")
+with open(obj + ".lock", "w") as lock:
+    fcntl.flock(lock, fcntl.LOCK_EX)
+    if not os.path.exists(obj):
+        rc = subprocess.run(cmd).returncode
+        if rc != 0:
+            sys.exit(rc)
+        tmp = f"{obj}.{os.getpid()}"
+        shutil.copyfile(out, tmp)
+        os.replace(tmp, obj)
+        sys.exit(0)
+tmp = f"{out}.{os.getpid()}"
+shutil.copyfile(obj, tmp)
+os.replace(tmp, out)
+'''
 
 
 def default_build_root() -> Path:
@@ -218,14 +274,22 @@ class VerilatorBackend(Backend):
         defines = [f"-DGA2_EXT={ext}", f"-DGA2_LAT={lat}", f"-DGA2_SPAD={cfg.spad_depth}"]
         if cfg.gather:      # the harness has the scratchpad backdoor and the error outputs
             defines.append("-DGA2_GATHER=1")
+        if self.design is not _chip_harness:
+            from amaranth.back import verilog
+            design = self.design(ext, lat) if cfg == BOOK else self.design(ext, lat, cfg)
+            exe = self._built(verilog.convert(design, name=TOP, emit_src=False), driver, defines, ext, lat)
+            self._models[key] = exe
+            return exe
         # Emitting the chip's Verilog takes seconds, so for the default design a shortcut maps the
         # hdl/ sources (+ everything else that goes into the model) to the model built from them.
-        shortcut = None
-        if self.design is _chip_harness:
-            source_key = _hdl_source_key()
-            shortcut = self.build_root / "by-source" / _digest(
-                source_key, cfg.key(), _amaranth_version(), driver, self.version,
-                " ".join(VERILATOR_FLAGS + defines))
+        source_key = _hdl_source_key()
+        shortcut = self.build_root / "by-source" / _digest(
+            source_key, cfg.key(), _amaranth_version(), driver, self.version, " ".join(VERILATOR_FLAGS + defines))
+        self.build_root.mkdir(parents=True, exist_ok=True)
+        # One emitter per shortcut: a concurrent run (pytest-xdist) asking for the same model waits here and
+        # then finds the shortcut, instead of emitting the same Verilog beside the builder.
+        with open(self.build_root / f"src-{shortcut.name}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
             try:
                 exe = self.build_root / shortcut.read_text().strip() / EXE
                 if exe.exists():
@@ -236,13 +300,18 @@ class VerilatorBackend(Backend):
             # A fresh interpreter imports hdl/ as it is on disk now; if the sources were the same before
             # and after, the Verilog belongs to `source_key` (this process may hold older modules).
             verilog_text = _emit_chip_verilog(ext, lat, cfg)
-            if _hdl_source_key() != source_key:
-                shortcut = None
-        else:
-            from amaranth.back import verilog
-            design = self.design(ext, lat) if cfg == BOOK else self.design(ext, lat, cfg)
-            verilog_text = verilog.convert(design, name=TOP, emit_src=False)
-        digest = _digest(verilog_text, cfg.key(), driver, self.version, " ".join(VERILATOR_FLAGS + defines))
+            exe = self._built(verilog_text, driver, defines, ext, lat)
+            if _hdl_source_key() == source_key:
+                shortcut.parent.mkdir(parents=True, exist_ok=True)
+                tmp = shortcut.with_name(f".{shortcut.name}.{os.getpid()}")
+                tmp.write_text(exe.parent.name + "\n")
+                os.replace(tmp, shortcut)
+        self._models[key] = exe
+        return exe
+
+    def _built(self, verilog_text: str, driver: str, defines: list[str], ext: int, lat: int) -> Path:
+        """The executable of the model of `verilog_text`, built unless the cache holds it."""
+        digest = _digest(verilog_text, self.config.key(), driver, self.version, " ".join(VERILATOR_FLAGS + defines))
         final = self.build_root / digest
         exe = final / EXE
         if not exe.exists():
@@ -253,12 +322,6 @@ class VerilatorBackend(Backend):
                 fcntl.flock(lock, fcntl.LOCK_EX)
                 if not exe.exists():
                     self._build(final, verilog_text, driver, defines, ext, lat)
-        if shortcut is not None:
-            shortcut.parent.mkdir(parents=True, exist_ok=True)
-            tmp = shortcut.with_name(f".{shortcut.name}.{os.getpid()}")
-            tmp.write_text(digest + "\n")
-            os.replace(tmp, shortcut)
-        self._models[key] = exe
         return exe
 
     def _build(self, final: Path, verilog_text: str, driver: str, defines: list[str], ext: int, lat: int):
@@ -273,11 +336,12 @@ class VerilatorBackend(Backend):
             "-j", str(min(os.cpu_count() or 1, 4)), "--top-module", TOP, "--prefix", PREFIX,
             "--Mdir", "obj", "-o", EXE, "-CFLAGS", " ".join(defines), "harness.v", "main.cpp"]
         log_path = self.build_root / f"{final.name}-build.log"
+        env = dict(os.environ, OBJCACHE=self._objcache())
         with open(log_path, "w") as log:
             log.write(" ".join(cmd) + "\n\n")
             log.flush()
             try:
-                rc = subprocess.run(cmd, cwd=work, stdout=log, stderr=subprocess.STDOUT).returncode
+                rc = subprocess.run(cmd, cwd=work, stdout=log, stderr=subprocess.STDOUT, env=env).returncode
             except OSError as e:
                 rc = f"{e}"
         built = work / "obj" / EXE
@@ -294,6 +358,16 @@ class VerilatorBackend(Backend):
         self.builds += 1
         if self.verbose:
             print(f"verilator: built in {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
+
+    def _objcache(self) -> str:
+        """The OBJCACHE command for make (`_OBJCACHE` written beside the models once, named by its text):
+        reuses the run-time library's objects of earlier builds in ``<cache root>/objects``."""
+        script = self.build_root / f"objcache-{_digest(_OBJCACHE)[:12]}.py"
+        if not script.exists():
+            tmp = script.with_name(f".{script.name}.{os.getpid()}")
+            tmp.write_text(_OBJCACHE)
+            os.replace(tmp, script)
+        return " ".join(shlex.quote(str(a)) for a in (sys.executable, script, self.build_root / "objects"))
 
     # ---- running ----------------------------------------------------------------------------------
 
