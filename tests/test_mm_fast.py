@@ -391,3 +391,58 @@ def test_overlapped_unit_ignores_start_while_busy_and_hangs_on_a_zero_dimension(
             bench.check_against(ctx, background, isa.encode(word))
             return b
         assert simulate(MatrixUnit(config=cfg), bench_fn) is None
+
+
+# ---- the chip: Amaranth and Verilator against the reference --------------------------------------
+
+def _chip_program(cfg):
+    """MMs of several shapes with and without pb (packed B at word strides, a B whose last word is
+    partial), rq, tb, C over its own operands, back to back; the results stored."""
+    n, rq = cfg.array, cfg.mm_rq
+    return [isa.ld(0, 0, 1024), isa.ld(1024, 1024, 1000)] + [isa.rqc(11_534_336, 34, 0)] * rq + [
+            isa.mm(3000, 0, 1024, n, 64, n, pb=1, ldb=n // 4),
+            isa.mm(3100, 5, 1030, 3, 7, 2, tb=1, lda=11, ldb=9),
+            isa.mm(3200, 0, 1024, n, 9, n - 1, rq=rq, ldc=11, pb=1, ldb=5),
+            isa.mm(3300, 7, 1100, 1, 5, 3, ldb=3),
+            isa.mm(3400, 0, 1024, n, 33, n, rq=rq, ldb=n),
+            isa.mm(3500, 0, 1200, 2, 1, max(n - 3, 3), pb=1, ldb=0),
+            isa.mm(1030, 1024, 1030, n, 20, n, pb=1, ldb=3),          # over its own B operand
+            isa.mm(1040, 1040, 1060, n, 3, 1, lda=2, ldb=1),           # over its own A operand
+            isa.st(3000, 1500, 548), isa.st(1024, 1000, 400), isa.halt()]
+
+
+@pytest.mark.parametrize("spec", ["fast,mm_rq=1,vadd_ports=2,mm_pack=1",
+                                  "fast,mm_rq=1,vadd_ports=2,mm_pack=1,mm_overlap=1", "mm_overlap=1,mm_pack=1"])
+def test_directed_program_on_the_amaranth_chip_equals_the_reference(spec):
+    from sim.backends import first_difference, get_backend
+    cfg = parse_chip(spec)
+    prog = [isa.encode(i) for i in _chip_program(cfg)]
+    rng = random.Random(spec)
+    image = [rng.choice((rng.getrandbits(32), rng.randint(-128, 127) & 0xFFFFFFFF)) for _ in range(2048)]
+    want = ReferenceMachine(config=cfg).run(prog, image, 3)
+    got = get_backend("amaranth", config=cfg).run(prog, image, 3)
+    assert first_difference(want, got) is None
+    assert want.counters[1] == sum(isa.busy_cycles(w, 3, cfg) for w in prog
+                                   if isa.operands(w)["op"] in (Op.MM, Op.RQC))
+
+
+def test_fuzz_mix_on_verilator_equals_the_reference():
+    """The fuzz mix of the fast chip with both features (packed and plain MMs of every shape, fused ones,
+    junk in every ignored bit, resident programs) on its Verilator model at EXT 16384, LAT 8: the model
+    the fast preset's serving test builds once `fast` has these parameters."""
+    from hdl.config import PRESETS
+    from sim.backends import BackendUnavailable, first_difference, get_backend
+    from sim.verify.progen import fuzz_case
+    cfg = replace(PRESETS["fast"], mm_rq=1, vadd_ports=2, mm_pack=1, mm_overlap=1)
+    try:
+        chip = get_backend("verilator", config=cfg)
+    except BackendUnavailable as exc:
+        pytest.skip(f"verilator backend unavailable: {exc}")
+    ref = ReferenceMachine(config=cfg, check=False)
+    cases = [fuzz_case(2027, i, ((cfg.ext_words, 8),), 40_000, cfg) for i in range(40)]
+    packed = sum(isa.operands(w)["pb"] for c in cases for w in c.program if w >> 124 == Op.MM)
+    assert packed >= 10
+    for c in cases:
+        want = ref.run(c.program, c.image, c.lat, scratchpad=c.scratchpad)
+        got = chip.run(c.program, c.image, c.lat, scratchpad=c.scratchpad)
+        assert first_difference(want, got) is None, c.index
