@@ -2,11 +2,17 @@
 
 A small fuzz campaign (50 programs on the Verilator model of EXT 2048 / LAT 8, two tasks) must print the
 local run's summary line on a head started here with ``ray start --head`` on 127.0.0.1 (joined as HOST:PORT
-with 1 worker and with 2) and on a local runtime (``--cluster local``) whose worker
-process is killed in the middle of a task (Ray runs the task again, and the retry is reported); failing
-programs (a copy of the project with a broken reference machine) give the local run's FAIL lines. A sweep
-on the reference machine joins the same head. Ray is part of the test extra, so these tests
-run wherever the suite runs; they take one lock so that two of them never start Ray at once (xdist).
+with 1 worker and with 2, and with 2 while a worker process is killed in the middle of a task: Ray runs the
+task again, and the retry is reported); failing programs (a copy of the project with a broken reference
+machine) give the local run's FAIL lines on a local runtime (``--cluster local``). A sweep on the reference
+machine and two serving chips (Ray actors) join the same head. Ray is part of the test extra, so these
+tests run wherever the suite runs.
+
+Ray starts twice in this module (each start costs tens of seconds of CPU on a loaded machine): one local
+runtime (``--cluster local``, the failing programs) and one head for the whole module (`head`, a module
+fixture) that the 1- and 2-worker campaigns, the sweep, the killed worker and the two chip actors all
+join. The tests are one ``xdist_group`` (tests/conftest.py runs ``-n N`` with xdist's loadgroup
+distribution), so they run on one worker, one after the other, and the head is started once per session.
 """
 import contextlib
 import fcntl
@@ -32,12 +38,26 @@ CAMPAIGN = ["--sim", "verilator", "--seed", str(SEED), "--count", "50", "--ext",
 _TIMES = re.compile(r"; verilator [0-9.]+ s, reference [0-9.]+ s\)$")
 
 
-@pytest.fixture(autouse=True)
+pytestmark = pytest.mark.xdist_group("ray")
+
+
+_held = []      # the lock file while this process holds it (taken again inside: no second flock)
+
+
+@contextlib.contextmanager
 def one_ray_at_a_time():
-    """Under pytest-xdist the tests of this module may run on both workers: one Ray runtime at a time."""
+    """One Ray runtime of these tests on the machine at a time (another pytest session, or this module's
+    tests on two workers when xdist does not group them): held while a runtime of ours is up."""
+    if _held:
+        yield
+        return
     with open(Path(tempfile.gettempdir()) / "ga2-test-cluster.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        yield
+        _held.append(lock)
+        try:
+            yield
+        finally:
+            _held.pop()
 
 
 def _run(*args, timeout=600, **kw):
@@ -78,8 +98,9 @@ def test_a_failing_program_is_reported_as_the_local_run_reports_it(tmp_path):
     args = [sys.executable, "-m", "sim.fuzz", "--sim", "verilator", "--seed", "4", "--count", "60", "--ext", "2048",
             "--lat", "8", "--budget", "30000"]
     local = subprocess.run(args, cwd=copy, env=env, capture_output=True, text=True, timeout=600)
-    remote = subprocess.run(args + ["--cluster", "local", "--workers", "2"], cwd=copy, env=env,
-                            capture_output=True, text=True, timeout=600)
+    with one_ray_at_a_time():
+        remote = subprocess.run(args + ["--cluster", "local", "--workers", "2"], cwd=copy, env=env,
+                                capture_output=True, text=True, timeout=600)
     fails = [ln for ln in local.stdout.splitlines() if ln.startswith("FAIL program")]
     first = sorted(int(ln.split()[2]) for ln in fails)
     assert local.returncode == 1 and first[0] < 25 <= first[-1], local.stdout[-3000:]    # in two tasks
@@ -137,7 +158,7 @@ def _kill_tree(proc: subprocess.Popen, grace: float = 3.0) -> None:
 @contextlib.contextmanager
 def ray_head():
     """``ray start --head --block`` on 127.0.0.1 with free ports, in its own session; stopped afterwards,
-    even when the test fails. Yields (GCS port, Ray client port)."""
+    even when the test fails. Yields (GCS port, Ray client port, the head's process)."""
     tmp = tempfile.mkdtemp(prefix="ga2ray", dir="/tmp")     # short: Ray's socket paths must fit 107 bytes
     port, client = _free_port(), _free_port()
     ray_cli = Path(sys.executable).parent / "ray"
@@ -153,27 +174,34 @@ def ray_head():
         while "Ray runtime started" not in log.read_text():
             assert head.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
             time.sleep(0.5)
-        yield port, client
+        yield port, client, head
     finally:
         _kill_tree(head)
         import shutil
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def test_a_head_started_with_ray_start_gives_the_same_summary_with_1_or_2_workers(local_summary, tmp_path):
+@pytest.fixture(scope="module")
+def head():
+    """One head for the module's tests that join a running cluster: (GCS port, the head's process)."""
+    with one_ray_at_a_time(), ray_head() as (port, _client, proc):
+        yield port, proc
+
+
+def test_a_head_started_with_ray_start_gives_the_same_summary_with_1_or_2_workers(local_summary, head, tmp_path):
     """The same seed on a running cluster, joined as HOST:PORT with at most 1 and at most 2 tasks at a time:
     both print the local run's summary line. A sweep (on the reference machine, one configuration a task)
     joined to the same head writes the local sweep's JSON. (Not through the Ray client, ray://HOST:PORT:
     it worked here, but once failed to start its server on a loaded machine.)"""
     sweep = ["sim.sweep", "--sim", "reference", "--configs", "book;mm_load=4"]
     here = _run(*sweep, "--out", str(tmp_path / "here"))
-    with ray_head() as (port, client):
-        one = _run("sim.verify.fuzz", *CAMPAIGN, "--cluster", f"127.0.0.1:{port}", "--workers", "1")
-        assert f"cluster: the Ray cluster at 127.0.0.1:{port}, 1 node, 2 CPUs, at most 1 task at once" \
-            in one.stderr, one.stderr[-3000:]
-        two = _run("sim.verify.fuzz", *CAMPAIGN, "--cluster", f"127.0.0.1:{port}", "--workers", "2")
-        assert "at most 2 tasks at once" in two.stderr, two.stderr[-3000:]
-        there = _run(*sweep, "--out", str(tmp_path / "there"), "--cluster", f"127.0.0.1:{port}")
+    port = head[0]
+    one = _run("sim.verify.fuzz", *CAMPAIGN, "--cluster", f"127.0.0.1:{port}", "--workers", "1")
+    assert f"cluster: the Ray cluster at 127.0.0.1:{port}, 1 node, 2 CPUs, at most 1 task at once" \
+        in one.stderr, one.stderr[-3000:]
+    two = _run("sim.verify.fuzz", *CAMPAIGN, "--cluster", f"127.0.0.1:{port}", "--workers", "2")
+    assert "at most 2 tasks at once" in two.stderr, two.stderr[-3000:]
+    there = _run(*sweep, "--out", str(tmp_path / "there"), "--cluster", f"127.0.0.1:{port}")
     assert _summary(one) == _summary(two) == local_summary
     assert here.returncode == there.returncode == 0, there.stderr[-3000:]
     assert "cluster: sweep on reference: 2 tasks, 2 attempts, 0 retries" in there.stderr
@@ -190,25 +218,30 @@ def _cmdline(pid: int) -> bytes:
         return b""
 
 
-def _busy_worker(driver: int) -> int | None:
-    """A Ray worker process below `driver` in the middle of a task of ours: Ray names the process after the
-    task, and the task is running the Verilator model (its ga2sim child), so the attempt has begun."""
-    for pid in _descendants(driver):
+def _busy_worker(node: int) -> int | None:
+    """A Ray worker process below `node` (the head's process: workers are the raylet's children) in the
+    middle of a task of ours: Ray names the process after the task, and the task is running the Verilator
+    model (its ga2sim child), so the attempt has begun."""
+    for pid in _descendants(node):
         if _cmdline(pid).startswith(b"ray::ga2 fuzz") and \
                 any(b"ga2sim" in _cmdline(c) for c in _descendants(pid)):
             return pid
     return None
 
 
-def test_a_killed_worker_costs_a_retry_not_the_campaign(local_summary):
+def test_a_killed_worker_costs_a_retry_not_the_campaign(local_summary, head):
+    """A worker of the cluster killed while it runs a task of the campaign: Ray runs the task again, the
+    summary is the local run's and the retry is reported."""
+    port, node = head
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    driver = subprocess.Popen([sys.executable, "-m", "sim.fuzz", *CAMPAIGN, "--cluster", "local", "--workers", "2"],
+    driver = subprocess.Popen([sys.executable, "-m", "sim.fuzz", *CAMPAIGN, "--cluster", f"127.0.0.1:{port}",
+                               "--workers", "2"],
                               cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                               start_new_session=True)
     try:
         victim, deadline = None, time.monotonic() + 300
         while victim is None and driver.poll() is None and time.monotonic() < deadline:
-            victim = _busy_worker(driver.pid)
+            victim = _busy_worker(node.pid)
             if victim is not None:
                 os.kill(victim, signal.SIGKILL)
             time.sleep(0.02)
@@ -250,15 +283,16 @@ def test_an_unreachable_cluster_is_one_line():
 
 # ---- serving on several chips (sim.serving.multichip) --------------------------------------------------------------
 
-def test_two_chip_actors_serve_a_trace_as_the_chips_here_and_every_request_as_alone(tmp_path):
-    """32 requests on 2 chips as Ray actors (--cluster local): the command's replays alone pass (every
+def test_two_chip_actors_serve_a_trace_as_the_chips_here_and_every_request_as_alone(head, tmp_path):
+    """32 requests on 2 chips as Ray actors (on the module's head): the command's replays alone pass (every
     request's tokens and integer logits), the JSON equals the same 2 chips run here one after the other,
     and the aggregate tokens per million cycles is at least 1.8 times the 1-chip run's on the same trace."""
     import json
     base = ["sim.serve", "--requests", "32", "--sim", "reference"]
     one = _run(*base, "--chips", "1", "--json", str(tmp_path / "one.json"))
     here = _run(*base, "--chips", "2", "--json", str(tmp_path / "here.json"))
-    there = _run(*base, "--chips", "2", "--cluster", "local", "--workers", "2", "--json", str(tmp_path / "there.json"))
+    there = _run(*base, "--chips", "2", "--cluster", f"127.0.0.1:{head[0]}", "--workers", "2",
+                 "--json", str(tmp_path / "there.json"))
     for p in (one, here, there):
         assert p.returncode == 0 and "replays alone: 32 of 32 requests identical" in p.stdout, p.stdout + p.stderr
     assert "cluster: serve on 2 chips: 2 actors" in there.stderr

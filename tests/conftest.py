@@ -1,0 +1,49 @@
+"""How the suite is spread over pytest-xdist's workers (``python -m pytest -n 2 tests``, the CI command).
+
+- ``-n N`` distributes with xdist's ``loadgroup`` mode instead of ``load``: the same one-test-at-a-time
+  balancing, except that the tests marked ``pytest.mark.xdist_group(NAME)`` run on one worker, in order.
+  tests/test_cluster.py is one group, so its module fixtures (a Ray head among them) are set up once per
+  session instead of once per worker. (An explicit ``--dist`` other than load is left alone.)
+- The modules that build Verilator models or start Ray (minutes between them) are collected first, the
+  rest in file order after them: the long tests start at once, on both workers, and the short ones fill
+  the end, so neither worker idles at the end waiting for the other's last long test. The order of the
+  tests inside a module is not changed.
+"""
+
+# slowest first: minutes of Verilator builds and Ray starts, measured on a 2-core machine (2026-12-01)
+SLOW_FIRST = (
+    "test_cluster.py",          # Ray: a local runtime and a head (the xdist group)
+    "test_verilator.py",        # five LATs, two EXTs, the 8x8 chip, the stand-in harness
+    "test_fuzz.py",             # the fresh-seed campaign: five (EXT, LAT) models
+    "test_resident_rtl.py",     # the gather chip's model
+    "test_engine.py",           # the fast chip's model
+    "test_decode.py",
+    "test_serve.py",
+    "test_paging_study.py",
+    "test_verilog.py",
+    "test_mutants.py",
+    "test_formal.py",
+    "test_chip_amaranth.py",
+)
+
+
+import pytest
+
+
+def pytest_configure(config):
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput is not None:         # a worker parses the command line again: the controller's choice
+        if workerinput.get("ga2_loadgroup"):
+            config.option.loadgroup = True      # xdist then names a grouped test NODEID@GROUP
+    elif getattr(config.option, "numprocesses", None) and getattr(config.option, "dist", None) == "load":
+        config.option.dist = "loadgroup"
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node):
+    node.workerinput["ga2_loadgroup"] = node.config.getoption("dist") == "loadgroup"
+
+
+def pytest_collection_modifyitems(config, items):
+    rank = {name: k for k, name in enumerate(SLOW_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(SLOW_FIRST)))     # stable: file order kept
