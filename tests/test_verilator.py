@@ -286,14 +286,18 @@ def test_second_backend_reuses_the_chip_model(chip):
 def test_other_chip_matches_the_reference():
     """The chip with an 8 x 8 array staging 4 operand elements a cycle, as Verilog in Verilator, equals
     the reference machine of the same configuration (memory, scratchpad, counters) on random programs
-    with MMs of M, N up to 8; its model is not the book's (the configuration is in the cache key)."""
-    from hdl.config import ChipConfig
+    with MMs of M, N up to 8. The chip is the ``fast`` preset (that array and MM unit, plus GATHER/SCATTER,
+    which these programs do not use) at EXT 16384, LAT 8: the model tests/test_engine.py's resident
+    serving trace builds anyway, so this check costs no build of its own. (That a configuration is part
+    of the model's key: `test_the_configuration_is_part_of_the_model_key`.)"""
+    from hdl.config import PRESETS
     from hdl.isa import validate_program
     from sim.backends.reference import ReferenceMachine
     from tests.test_chip_amaranth import other_chip_program
-    cfg = ChipConfig(array=8, mm_load=4)
+    cfg = PRESETS["fast"]
+    assert (cfg.array, cfg.mm_load) == (8, 4)
     rng = random.Random(812)
-    jobs = [other_chip_program(rng, cfg) for _ in range(8)]
+    jobs = [other_chip_program(rng, cfg, ext=cfg.ext_words) for _ in range(8)]
     for program, image in jobs:
         validate_program(program, len(image), cfg=cfg)
     be = VerilatorBackend(config=cfg)
@@ -302,7 +306,19 @@ def test_other_chip_matches_the_reference():
     for n, ((program, image), r) in enumerate(zip(jobs, got)):
         diff = first_difference(ref.run(program, image, 8), r)
         assert diff is None, f"job {n}: {diff}"
-    assert be.model(2048, 8) != VerilatorBackend().model(2048, 8)
+
+
+def test_the_configuration_is_part_of_the_model_key(build_root):
+    """Two chip configurations never share a model, even when their Verilog is the same text: the stand-in
+    harness for the book's chip and for an 8 x 8 chip are two models (the second one a small build)."""
+    from hdl.config import BOOK, ChipConfig
+    wide = ChipConfig(array=8, mm_load=4)
+    design = lambda ext, lat, cfg=BOOK: StandIn(ext, lat)      # noqa: E731 - the same text for both
+    book = VerilatorBackend(build_dir=build_root, design=design).model(64, 3)
+    other = VerilatorBackend(build_dir=build_root, design=design, config=wide)
+    assert other.model(64, 3) != book
+    got = other.run([toy(2, 0, 1), toy(0, 0, 0)], [5] + [0] * 63, 3)
+    assert got.ext[:2] == [5, 7] and got.counters == [6, 0, 3, 2, 1]
 
 
 # ---- sim.verify.fuzz -------------------------------------------------------------------------------------
