@@ -167,6 +167,9 @@ def targets() -> list[Target]:
     # mm_fast).
     fast_mm = replace(BOOK, mm_pack=1, mm_overlap=1)
     out.append(Target("mm_fast", lambda: MatrixUnit(config=fast_mm), UNIT_PROPERTIES, every))
+    # The VADD unit with two read ports (docs/vadd-ports.md): the unit contract (scope vadd_ports).
+    two_ports = replace(BOOK, vadd_ports=2)
+    out.append(Target("vadd_ports", lambda: VaddUnit(config=two_ports), UNIT_PROPERTIES, every))
     # On the chip, induction succeeds only for the state facts: ownership and the LD range need the units'
     # internal invariants (not inductive alone), and yices does not close the counters' 32-bit adder
     # identity by induction within minutes; those three are bounded model checks from reset.
