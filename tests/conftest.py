@@ -17,6 +17,8 @@ SLOW_FIRST = (
     "test_fuzz.py",             # the fresh-seed campaign: five (EXT, LAT) models
     "test_resident_rtl.py",     # the gather chip's model
     "test_engine.py",           # the fast chip's model
+    "test_mm_fast.py",          # a fast chip with every MM feature: its own 8x8 model
+    "test_fused_rq.py",         # a fast chip with mm_rq=1: its own 8x8 model
     "test_decode.py",
     "test_serve.py",
     "test_paging_study.py",
