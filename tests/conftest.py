@@ -7,7 +7,9 @@
 - The modules that build Verilator models or start Ray (minutes between them) are collected first, the
   rest in file order after them: the long tests start at once, on both workers, and the short ones fill
   the end, so neither worker idles at the end waiting for the other's last long test. The order of the
-  tests inside a module is not changed.
+  tests inside a module is not changed, and xdist keeps this order (no reordering of groups by size).
+- The modules of `ONE_WORKER` compute everything their tests compare in one module fixture (seconds of
+  decodes): each is one group too, so the fixture is computed once, not once on each worker.
 """
 
 # slowest first: minutes of Verilator builds and Ray starts, measured on a 2-core machine (2026-12-01)
@@ -31,6 +33,13 @@ SLOW_FIRST = (
 
 import pytest
 
+# module fixture -> seconds of work computed once per worker that runs one of the module's tests
+ONE_WORKER = (
+    "test_decode.py",           # reference_runs: three decodes (subprocesses)
+    "test_resident.py",         # runs: book and resident decodes of every model and window
+    "test_paged_host.py",       # pair_runs: five paged decodes of 24 steps
+)
+
 
 def pytest_configure(config):
     workerinput = getattr(config, "workerinput", None)
@@ -39,6 +48,7 @@ def pytest_configure(config):
             config.option.loadgroup = True      # xdist then names a grouped test NODEID@GROUP
     elif getattr(config.option, "numprocesses", None) and getattr(config.option, "dist", None) == "load":
         config.option.dist = "loadgroup"
+        config.option.loadscopereorder = False      # the queue in collection order, groups where they fall
 
 
 @pytest.hookimpl(optionalhook=True)
@@ -46,6 +56,10 @@ def pytest_configure_node(node):
     node.workerinput["ga2_loadgroup"] = node.config.getoption("dist") == "loadgroup"
 
 
+@pytest.hookimpl(tryfirst=True)         # before xdist's, which names a grouped test by its group
 def pytest_collection_modifyitems(config, items):
     rank = {name: k for k, name in enumerate(SLOW_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(SLOW_FIRST)))     # stable: file order kept
+    for item in items:
+        if item.path.name in ONE_WORKER:
+            item.add_marker(pytest.mark.xdist_group(item.path.stem))
