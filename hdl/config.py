@@ -186,13 +186,16 @@ class ChipConfig:
 
 BOOK = ChipConfig()
 
-# Named configurations a user can give to --chip. ``fast`` is issue 13's resident-mode chip: the 8x8
-# array with four operand elements a cycle (fits the ULX3S-85F: 5,288 LUT4, 71 DSP, 30.4 MHz for the book
-# design with these two), GATHER/SCATTER, and 16,384 external words for two pools of 64 pages of 4 rows
-# of 16 words beside the mailbox and the weights' staging area (compiler.resident.plan_layout).
+# Named configurations a user can give to --chip. ``fast`` is the serving chip of issues 13 and 14: the
+# 8x8 array with four operand words a cycle, GATHER/SCATTER, and 16,384 external words for two pools of 64
+# pages of 4 rows of 16 words beside the mailbox and the weights' staging area
+# (compiler.resident.plan_layout); since issue 14 also the MM unit's fused requantization (docs/fused-rq.md),
+# packed weights and overlapped phases (docs/mm-fast.md) and the two-port VADD (docs/vadd-ports.md).
+# Issue 13's chip is ``fast,mm_rq=0,vadd_ports=1,mm_pack=0,mm_overlap=0``.
 PRESETS: dict[str, ChipConfig] = {
     "book": BOOK,
-    "fast": ChipConfig(array=8, mm_load=4, gather=1, ext_words=16384),
+    "fast": ChipConfig(array=8, mm_load=4, gather=1, ext_words=16384, mm_rq=1, vadd_ports=2, mm_pack=1,
+                       mm_overlap=1),
 }
 
 

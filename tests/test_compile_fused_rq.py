@@ -25,8 +25,8 @@ M = T.make_model("structured", 1)
 MR = T.make_model("random", 2)
 BOOK_RQ = parse_chip("book,mm_rq=1")     # 4x4 tiles: the random graphs' M and N up to 12 take several
 # explicit mm_rq on both sides: the comparison stays one of fused against unfused whatever `fast` becomes
-PLAIN = parse_chip("fast,mm_rq=0")
-FUSED = parse_chip("fast,mm_rq=1")
+PLAIN = parse_chip("array=8,mm_load=4,gather=1,ext_words=16384,mm_rq=0")
+FUSED = parse_chip("array=8,mm_load=4,gather=1,ext_words=16384,mm_rq=1")
 
 
 def _ops(P):

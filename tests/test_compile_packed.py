@@ -25,8 +25,8 @@ from sim.backends.reference import ReferenceMachine
 M = T.make_model("structured", 1)
 MR = T.make_model("random", 2)
 # the chip of issue 14's measurements, with and without packing (explicit, whatever `fast` becomes)
-PLAIN = parse_chip("fast,mm_rq=1,vadd_ports=2,mm_pack=0")
-PACKED = parse_chip("fast,mm_rq=1,vadd_ports=2,mm_pack=1")
+PLAIN = parse_chip("array=8,mm_load=4,gather=1,ext_words=16384,mm_rq=1,vadd_ports=2,mm_pack=0")
+PACKED = parse_chip("array=8,mm_load=4,gather=1,ext_words=16384,mm_rq=1,vadd_ports=2,mm_pack=1")
 
 
 def _unpack(words, rows, cols):

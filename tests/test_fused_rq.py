@@ -16,7 +16,7 @@ from hdl.isa import IsaError, Op, halt, ld, mm, operands, rq, rqc, st, validate
 from sim.backends import DidNotHalt, first_difference
 from sim.backends.reference import IllegalInstruction, ReferenceMachine
 
-FAST_RQ = parse_chip("fast,mm_rq=1")
+FAST_RQ = parse_chip("array=8,mm_load=4,gather=1,ext_words=16384,mm_rq=1")
 BOOK_RQ = replace(BOOK, mm_rq=1)
 EXT = 2048
 A_BASE, B_BASE, C_BASE = 0, 1024, 3000       # scratchpad: A from ext[0..], B from ext[1024..]
@@ -142,10 +142,10 @@ def test_config_parameter():
     with pytest.raises(ValueError, match="ChipConfig mm_rq must be 0 or 1, not 2"):
         ChipConfig(mm_rq=2)
     assert Op.RQC in isa.legal_ops(BOOK_RQ) and Op.RQC not in isa.legal_ops(BOOK)
-    assert Op.RQC not in isa.legal_ops(parse_chip("fast"))
+    assert Op.RQC not in isa.legal_ops(parse_chip("array=8,mm_load=4,gather=1,ext_words=16384"))
 
 
-@pytest.mark.parametrize("cfg", [BOOK, parse_chip("fast")], ids=["book", "fast"])
+@pytest.mark.parametrize("cfg", [BOOK, parse_chip("array=8,mm_load=4,gather=1,ext_words=16384")], ids=["book", "fast"])
 def test_a_chip_without_mm_rq_refuses_opcode_11_and_the_rq_flag(cfg):
     with pytest.raises(IsaError, match=r"^instruction 4 \(RQC\): opcode 11 exists only on a chip with mm_rq=1"):
         validate(rqc(1 << 23, 20), index=4, cfg=cfg)

@@ -12,7 +12,7 @@ from hdl.config import BOOK, ChipConfig, ChipSpecError, parse_chip
 from hdl.isa import IsaError, Op
 from sim.backends.reference import ReferenceMachine
 
-FAST = parse_chip("fast,mm_rq=1,vadd_ports=2")
+FAST = parse_chip("array=8,mm_load=4,gather=1,ext_words=16384,mm_rq=1,vadd_ports=2")
 PACK = replace(FAST, mm_pack=1)
 BOOK_PACK = replace(BOOK, mm_pack=1)
 OVER = replace(PACK, mm_overlap=1)
@@ -27,14 +27,14 @@ def test_bad_flag_names_the_value(name, value):
         ChipConfig(**{name: value})
     assert str(e.value) == f"ChipConfig {name} must be 0 or 1, not {value}"
     with pytest.raises(ChipSpecError) as e:
-        parse_chip(f"fast,{name}={value}")
-    assert str(e.value) == f"--chip 'fast,{name}={value}': ChipConfig {name} must be 0 or 1, not {value}"
+        parse_chip(f"array=8,mm_load=4,gather=1,ext_words=16384,{name}={value}")
+    assert str(e.value) == f"--chip 'array=8,mm_load=4,gather=1,ext_words=16384,{name}={value}': ChipConfig {name} must be 0 or 1, not {value}"
 
 
 @pytest.mark.parametrize("spec, reads", [
     ("book", 1), ("mm_pack=1", 1), ("mm_overlap=1", 2), ("mm_overlap=1,vadd_ports=2", 2),
-    ("mm_load=2,mm_overlap=1", 4), ("fast,mm_pack=1", 4), ("fast,mm_overlap=1", 8),
-    ("fast,mm_overlap=1,mm_pack=1,vadd_ports=2", 8),
+    ("mm_load=2,mm_overlap=1", 4), ("array=8,mm_load=4,gather=1,ext_words=16384,mm_pack=1", 4), ("array=8,mm_load=4,gather=1,ext_words=16384,mm_overlap=1", 8),
+    ("fast", 8), ("array=8,mm_load=4,gather=1,ext_words=16384,mm_overlap=0", 4),
 ])
 def test_spec_round_trip_and_read_ports(spec, reads):
     cfg = parse_chip(spec)
@@ -411,8 +411,8 @@ def _chip_program(cfg):
             isa.st(3000, 1500, 548), isa.st(1024, 1000, 400), isa.halt()]
 
 
-@pytest.mark.parametrize("spec", ["fast,mm_rq=1,vadd_ports=2,mm_pack=1",
-                                  "fast,mm_rq=1,vadd_ports=2,mm_pack=1,mm_overlap=1", "mm_overlap=1,mm_pack=1"])
+@pytest.mark.parametrize("spec", ["array=8,mm_load=4,gather=1,ext_words=16384,mm_rq=1,vadd_ports=2,mm_pack=1",
+                                  "array=8,mm_load=4,gather=1,ext_words=16384,mm_rq=1,vadd_ports=2,mm_pack=1,mm_overlap=1", "mm_overlap=1,mm_pack=1"])
 def test_directed_program_on_the_amaranth_chip_equals_the_reference(spec):
     from sim.backends import first_difference, get_backend
     cfg = parse_chip(spec)

@@ -17,7 +17,7 @@ from hdl.isa import Op
 from hdl.units.vadd import VaddUnit
 from sim.backends.reference import ReferenceMachine
 
-FAST2 = parse_chip("fast,vadd_ports=2")
+FAST2 = parse_chip("array=8,mm_load=4,gather=1,ext_words=16384,vadd_ports=2")
 BOOK2 = replace(BOOK, vadd_ports=2)
 
 
@@ -29,8 +29,8 @@ def test_bad_vadd_ports_names_the_value(value):
         ChipConfig(vadd_ports=value)
     assert str(e.value) == f"ChipConfig vadd_ports must be 1 or 2, not {value}"
     with pytest.raises(ChipSpecError) as e:
-        parse_chip(f"fast,vadd_ports={value}")
-    assert str(e.value) == (f"--chip 'fast,vadd_ports={value}': ChipConfig vadd_ports must be 1 or 2, "
+        parse_chip(f"array=8,mm_load=4,gather=1,ext_words=16384,vadd_ports={value}")
+    assert str(e.value) == (f"--chip 'array=8,mm_load=4,gather=1,ext_words=16384,vadd_ports={value}': ChipConfig vadd_ports must be 1 or 2, "
                             f"not {value}")
 
 
@@ -41,7 +41,7 @@ def test_vadd_ports_in_the_spec_and_the_read_ports():
     assert BOOK2.spec() == "vadd_ports=2" and parse_chip("vadd_ports=2") == BOOK2
     # the scratchpad's read ports: MM's mm_load, or VADD's two when mm_load is 1
     assert [parse_chip(s).spad_reads for s in ("book", "vadd_ports=2", "mm_load=2", "mm_load=2,vadd_ports=2",
-                                               "mm_load=4,vadd_ports=2", "fast")] == [1, 2, 2, 2, 4, 4]
+                                               "mm_load=4,vadd_ports=2", "array=8,mm_load=4,gather=1,ext_words=16384")] == [1, 2, 2, 2, 4, 4]
 
 
 # ---- the cycle model -----------------------------------------------------------------------------
@@ -50,7 +50,7 @@ def test_vadd_ports_in_the_spec_and_the_read_ports():
     (BOOK, 1, 4), (BOOK, 7, 16), (BOOK, 4096, 8194),
     (BOOK2, 1, 3), (BOOK2, 7, 9), (BOOK2, 4096, 4098),
     (FAST2, 1, 3), (FAST2, 64, 66),
-    (parse_chip("fast"), 64, 130),
+    (parse_chip("array=8,mm_load=4,gather=1,ext_words=16384"), 64, 130),
 ])
 def test_vadd_busy_cycles(cfg, n, busy):
     ins = isa.vadd(0, 0, 0, n)
@@ -62,7 +62,7 @@ def test_vadd_busy_cycles(cfg, n, busy):
 def test_only_vadd_changes_with_vadd_ports():
     others = [isa.ld(0, 0, 9), isa.st(0, 0, 9), isa.rq(0, 0, 9, 1 << 23, 24), isa.sm(0, 0, 9),
               isa.amax(0, 0, 9), isa.unpack(0, 0, 9), isa.mm(0, 0, 100, 4, 9, 4), isa.halt()]
-    for cfg in (BOOK, parse_chip("fast")):
+    for cfg in (BOOK, parse_chip("array=8,mm_load=4,gather=1,ext_words=16384")):
         for ins in others:
             assert isa.busy_cycles(ins, 8, replace(cfg, vadd_ports=2)) == isa.busy_cycles(ins, 8, cfg)
 
@@ -89,7 +89,7 @@ def _vadd_program(rng, spad_depth=4096):
 @pytest.mark.parametrize("seed", [1, 2, 3])
 def test_reference_same_words_and_n_fewer_cycles_per_vadd(seed):
     prog, image, lens = _vadd_program(random.Random(seed))
-    for one in (BOOK, parse_chip("fast")):
+    for one in (BOOK, parse_chip("array=8,mm_load=4,gather=1,ext_words=16384")):
         two = replace(one, vadd_ports=2)
         a = ReferenceMachine(config=one).run(prog, image, 8)
         b = ReferenceMachine(config=two).run(prog, image, 8)
