@@ -82,6 +82,17 @@ def _packed_b(rng: random.Random, fast, N: int) -> tuple[int, int]:
     return 0, N
 
 
+def _mm_shape(rng: random.Random, fast) -> tuple[int, int, int, int, int, int]:
+    """(M, N, K, tb, pb, words of one k of B) of a random MM on the chip `fast` (None: the book's array of 4),
+    drawn in the one order both generators use (so a seed gives the same programs as before)."""
+    top = 4 if fast is None else fast.array
+    M, N = rng.randint(1, top), rng.randint(1, top)
+    K = rng.choice([1, 64, rng.randint(2, 63)])
+    tb = rng.randint(0, 1)
+    pb, pw = _packed_b(rng, fast, N)
+    return M, N, K, 0 if pb else tb, pb, pw
+
+
 def _maybe_fused(rng: random.Random, ins: Instr, mm_rq: bool) -> Instr:
     """On a chip with mm_rq=1 an MM gets its rq flag (fl[1]) one time in two; elsewhere `ins` as it is
     (and no random number is drawn, so the book's programs do not change)."""
@@ -130,12 +141,7 @@ class _Gen:
     # -- instructions --
     def mm(self) -> Instr:
         rng = self.rng
-        top = 4 if self.fast is None else self.fast.array
-        M, N = rng.randint(1, top), rng.randint(1, top)
-        K = rng.choice([1, 64, rng.randint(2, 63)])
-        tb = rng.randint(0, 1)
-        pb, pw = _packed_b(rng, self.fast, N)
-        tb = 0 if pb else tb
+        M, N, K, tb, pb, pw = _mm_shape(rng, self.fast)
         lda = rng.choice([K, K, rng.randint(0, K + 8)])
         ldb = rng.choice([pw if pb else K if tb else N, rng.randint(0, 70)])
         ldc = rng.choice([N, N, rng.randint(N, 12), rng.randint(0, N)])
@@ -406,12 +412,7 @@ class _Wide:
     # -- instructions: each returns (instruction, what it writes) --
     def mm(self):
         rng = self.rng
-        top = 4 if self.fast is None else self.fast.array
-        M, N = rng.randint(1, top), rng.randint(1, top)
-        K = rng.choice([1, 64, rng.randint(2, 63)])
-        tb = rng.randint(0, 1)
-        pb, pw = _packed_b(rng, self.fast, N)
-        tb = 0 if pb else tb
+        M, N, K, tb, pb, pw = _mm_shape(rng, self.fast)
         lda = rng.choice([K, K, rng.randint(0, K + 8), rng.randint(0, 1000)])
         ldb = rng.choice([pw if pb else K if tb else N, rng.randint(0, 70), rng.randint(0, 1000)])
         ldc = rng.choice([N, N, rng.randint(0, 12), rng.randint(0, 1000)])
