@@ -60,6 +60,7 @@ BLOCKS = {
     "extmem":      lazy("hdl.extmem", "ExtMemory", 2048),
     "ga2":         lazy("hdl.chip", "GA2"),
     "harness":     lazy("hdl.harness", "ChipHarness"),
+    "uart":        lazy("hdl.uart", "UART"),
 }
 
 # Warnings waived for generated code, with the reason. Everything else, -Wall included, must be clean.

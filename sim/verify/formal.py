@@ -174,6 +174,10 @@ def targets() -> list[Target]:
     # internal invariants (not inductive alone), and yices does not close the counters' 32-bit adder
     # identity by induction within minutes; those three are bounded model checks from reset.
     out.append(Target("chip", ChipEnv, CHIP_PROPERTIES, frozenset({"state_legal", "halt_stays"})))
+    # The host link's UART (hdl/uart.py) at its default rate (25 MHz, 3 Mbaud): tx high while idle, no
+    # byte delivered on a framing error, the receive stream's payload held while it waits.
+    from hdl.uart import UART, UART_PROPERTIES
+    out.append(Target("uart", UART, UART_PROPERTIES, frozenset(UART_PROPERTIES)))
     return out
 
 
@@ -330,7 +334,8 @@ def main(argv=None) -> int:
                    help=f"cycles of the bounded check and k of the induction (default {UNIT_DEPTH} for the "
                         f"units, {DEFAULT_DEPTH['chip']} for the chip)")
     p.add_argument("--only", default=None, metavar="NAME",
-                   help="a target (st, mm, rq, sm, vadd, amax, unpack, ld, chip), a property, or target.property")
+                   help="a target (st, mm, rq, sm, vadd, amax, unpack, ld, chip, uart, ...), a property, or "
+                        "target.property")
     a = p.parse_args(argv)
     properties(a.only)                   # a bad name is an error before any work
     print(f"{'property':36s} {'depth':>5s}  {'result':8s} {'seconds':>8s}")
