@@ -21,7 +21,9 @@ a host-side simulator can use to drive or decode the line bit by bit:
 - `rx_sample(clk_hz, baud, k)` = floor((k + 1/2) * clk_hz / baud): the receiver samples bit k (same
   numbering) in this cycle counted from its detection cycle, the first cycle in which it sees the line
   low while hunting. It sees the pin through a `SYNC_STAGES`-flip-flop synchronizer: the pin's level in
-  cycle c is what the receiver sees in cycle c + SYNC_STAGES.
+  cycle c is what the receiver sees in cycle c + SYNC_STAGES. The delay cancels out: counted from the
+  first cycle in which the *pin* is low, sample k reads the pin's level of cycle ``rx_sample(k)``, and a
+  good byte is offered (``o.valid``) from cycle ``SYNC_STAGES + rx_sample(9) + 1`` on.
 
 Receiver behaviour, in order of the samples: sample 0 must still be low (else the low was a glitch and the
 receiver hunts again, nothing reported); samples 1..8 are the data; sample 9 is the stop bit. A high stop
