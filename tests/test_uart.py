@@ -146,6 +146,7 @@ def count_for(rate, heavy=150, light=40):
 
 # ---- the timing helpers ----
 
+@pytest.mark.timeout(60)
 def test_helpers_default_link():
     assert bit_period(*DEFAULT) == Fraction(25, 3)
     assert [tx_edge(*DEFAULT, k) for k in range(11)] == [0, 8, 16, 25, 33, 41, 50, 58, 66, 75, 83]
@@ -164,6 +165,7 @@ def test_helpers_default_link():
     (25_000_000, 3.0, "baud must be an integer, not 3.0"),
     (True, 1, "clk_hz must be an integer"),
 ])
+@pytest.mark.timeout(60)
 def test_bad_rates_are_one_line_errors(clk, baud, word):
     for make in (check_rate, bit_period, UARTTx, UARTRx, UART):
         with pytest.raises(ValueError, match="^" + word.replace(".", r"\.")) as e:
@@ -172,6 +174,7 @@ def test_bad_rates_are_one_line_errors(clk, baud, word):
     check_rate(12, 3)                                   # exactly clk/4 is allowed
 
 
+@pytest.mark.timeout(60)
 def test_helpers_refuse_bad_bit_indices():
     with pytest.raises(ValueError, match="bit index"):
         tx_edge(*DEFAULT, 11)
@@ -184,6 +187,7 @@ def test_helpers_refuse_bad_bit_indices():
 # ---- transmitter ----
 
 @pytest.mark.parametrize("rate", RATES, ids=lambda r: f"{r[0]}/{r[1]}")
+@pytest.mark.timeout(60)
 def test_tx_exact_waveform_back_to_back(rate):
     """Bytes offered all the time: each frame starts right at the previous one's frame_cycles, every bit
     on its tx_edge cycle, busy exactly during frames; a host's decoder reads the bytes back."""
@@ -198,6 +202,7 @@ def test_tx_exact_waveform_back_to_back(rate):
     assert decode_line(got["tx"], bit_period(*rate)) == (data, 0)
 
 
+@pytest.mark.timeout(60)
 def test_tx_gaps_and_stable_payload():
     """Bytes offered at random times: a byte taken while idle starts one cycle later; the line is exact."""
     rng = random.Random(7)
@@ -216,6 +221,7 @@ def test_tx_gaps_and_stable_payload():
 # ---- receiver ----
 
 @pytest.mark.parametrize("rate", RATES, ids=lambda r: f"{r[0]}/{r[1]}")
+@pytest.mark.timeout(60)
 def test_rx_random_bytes_back_to_back(rate):
     data = rand_bytes(rate[1], count_for(rate))
     got = run_rx(*rate, line_levels([frame_bits(b) for b in data], bit_period(*rate), lead=3))
@@ -224,6 +230,7 @@ def test_rx_random_bytes_back_to_back(rate):
 
 
 @pytest.mark.parametrize("factor", [Fraction(102, 100), Fraction(98, 100)], ids=["+2%", "-2%"])
+@pytest.mark.timeout(60)
 def test_rx_tolerates_two_percent(factor):
     """The sender's bit period off by 2% either way (back to back and with random idle gaps)."""
     data = rand_bytes(int(factor * 100), 150)
@@ -253,6 +260,7 @@ def pinpoint_line(data, offset):
     return levels + [1] * 20, falls
 
 
+@pytest.mark.timeout(60)
 def test_rx_samples_at_the_documented_cycles():
     """The receiver samples the pin rx_sample(k) cycles after the pin fell (the synchronizer delays the
     detection and the samples alike) and nowhere else: a line right only in those cycles decodes, the
@@ -267,6 +275,7 @@ def test_rx_samples_at_the_documented_cycles():
         assert run_rx(*DEFAULT, pinpoint_line(data, offset)[0])["bytes"] != data
 
 
+@pytest.mark.timeout(60)
 def test_rx_framing_errors_drop_the_byte():
     """Frames with a low stop bit (data never all zero): no byte, one framing_error each, no break, and
     the good bytes around them are received."""
@@ -288,6 +297,7 @@ def test_rx_framing_errors_drop_the_byte():
     assert got["break_"] == [] and got["overrun"] == []
 
 
+@pytest.mark.timeout(60)
 def test_rx_break_then_normal_reception():
     """The line held low for three frame times: no byte, one break (and its framing error); the receiver
     waits for the line to go high, then receives normally."""
@@ -301,6 +311,7 @@ def test_rx_break_then_normal_reception():
     assert len(got["break_"]) == 1 and got["framing_error"] == got["break_"]
 
 
+@pytest.mark.timeout(60)
 def test_rx_ignores_glitches():
     """Lows shorter than half a bit (1 to 3 cycles at 8.33 a bit) between frames are no start bit."""
     p = bit_period(*DEFAULT)
@@ -313,6 +324,7 @@ def test_rx_ignores_glitches():
     assert got["bytes"] == data and got["framing_error"] == []
 
 
+@pytest.mark.timeout(60)
 def test_rx_handshake_overrun_keeps_the_old_byte():
     """A consumer that is not ready: the first byte waits (valid and payload held, the design's
     rx_stream_stable Assert checks every cycle), each byte completing meanwhile pulses overrun and is
@@ -336,6 +348,7 @@ def test_rx_handshake_overrun_keeps_the_old_byte():
 
 # ---- both ----
 
+@pytest.mark.timeout(60)
 def test_loopback_through_the_wrapper():
     """UART's tx wired to its rx: what goes into `i` comes out of `o`, frames back to back."""
     data = rand_bytes(51, 150)

@@ -2,7 +2,9 @@
 fails on a UART broken for it (SymbiYosys finds the counterexample in a bounded check from reset).
 
 The broken receivers need whole frames from reset before they can misbehave, so they are built at the
-shortest bit the UART allows (clk_hz = 4 * baud: 4 cycles a bit, a frame in 40 cycles).
+shortest bit the UART allows (clk_hz = 4 * baud: 4 cycles a bit, a frame in 40 cycles). Each proof takes a
+few seconds; the generous time-outs cover the first yowasp run on a fresh machine (it compiles Yosys's
+WebAssembly, minutes).
 """
 import pytest
 
@@ -46,22 +48,26 @@ class OverwriteRx(UARTRx):
         return m
 
 
+@pytest.mark.timeout(600)
 def test_target_is_registered():
     assert set(TARGET.properties) == set(UART_PROPERTIES) == set(TARGET.induct)
     assert formal.properties("uart") == [(TARGET, p) for p in UART_PROPERTIES]
 
 
 @pytest.mark.parametrize("rate", [(25_000_000, 3_000_000), (9, 2)], ids=["25M/3M", "9/2"])
+@pytest.mark.timeout(600)
 def test_uart_properties_proved_by_induction(rate):
     got = formal.prove(TARGET, list(UART_PROPERTIES), 4, TOOLS, build=lambda: UART(*rate))
     assert got[0] == "proved", got
 
 
+@pytest.mark.timeout(600)
 def test_tx_idle_high_fails_on_an_early_start():
     result, _, detail = verdict("tx_idle_high", 4, build=lambda: EarlyStartTx(*SHORT), mode="bmc")
     assert result == "FAIL", detail
 
 
+@pytest.mark.timeout(600)
 def test_no_byte_on_framing_error_fails_on_an_unchecked_stop_bit():
     # the first framing error can be shown SYNC_STAGES + rx_sample(9) cycles after reset, its byte one later
     depth = SYNC_STAGES + rx_sample(*SHORT, 9) + 4
@@ -70,6 +76,7 @@ def test_no_byte_on_framing_error_fails_on_an_unchecked_stop_bit():
     assert result == "FAIL", detail
 
 
+@pytest.mark.timeout(600)
 def test_stream_stable_fails_on_an_overwritten_byte():
     # two good frames: the second completes while the first waits (the solver holds ready low)
     depth = 2 * (SYNC_STAGES + rx_sample(*SHORT, 9) + 2) + 2
