@@ -70,6 +70,13 @@ class ChipConfig:
         ``2*mm_load`` read ports, ``spad_reads``), the array runs as soon as the operands it needs are
         staged and C is written while the array's last skew cycles run. Same words, fewer cycles
         (``hdl.isa.mm_busy_cycles``). 0, the book's chip, keeps the phases one after the other.
+    rq_pipe : int
+        1 puts a pipeline register in the requantizer (``docs/rq-pipe.md``): the 32 x 24 product is
+        registered, so the requantizer's result comes one cycle after its input. RQ then takes B = len + 3
+        (``hdl.isa.rq_busy_cycles``), and an MM with its ``rq`` flag on an ``mm_rq`` chip writes each C
+        element one cycle later (one more cycle with ``mm_overlap``, none without:
+        ``hdl.isa.mm_busy_cycles``). 0, the book's chip, keeps the requantizer combinational (hardware
+        spec 5.4).
     """
 
     array: int = 4
@@ -86,6 +93,7 @@ class ChipConfig:
     vadd_ports: int = 1
     mm_pack: int = 0
     mm_overlap: int = 0
+    rq_pipe: int = 0
 
     def __post_init__(self):
         for f in fields(self):
@@ -125,6 +133,8 @@ class ChipConfig:
             raise ValueError(f"ChipConfig mm_pack must be 0 or 1, not {self.mm_pack}")
         if self.mm_overlap not in (0, 1):
             raise ValueError(f"ChipConfig mm_overlap must be 0 or 1, not {self.mm_overlap}")
+        if self.rq_pipe not in (0, 1):
+            raise ValueError(f"ChipConfig rq_pipe must be 0 or 1, not {self.rq_pipe}")
 
     # ---- derived widths and limits -----------------------------------------------------------------
     @property
@@ -190,12 +200,13 @@ BOOK = ChipConfig()
 # 8x8 array with four operand words a cycle, GATHER/SCATTER, and 16,384 external words for two pools of 64
 # pages of 4 rows of 16 words beside the mailbox and the weights' staging area
 # (compiler.resident.plan_layout); since issue 14 also the MM unit's fused requantization (docs/fused-rq.md),
-# packed weights and overlapped phases (docs/mm-fast.md) and the two-port VADD (docs/vadd-ports.md).
-# Issue 13's chip is ``fast,mm_rq=0,vadd_ports=1,mm_pack=0,mm_overlap=0``.
+# packed weights and overlapped phases (docs/mm-fast.md) and the two-port VADD (docs/vadd-ports.md); since
+# issue 20 the requantizer's pipeline register (docs/rq-pipe.md), for the ULX3S's 25 MHz.
+# Issue 13's chip is ``fast,mm_rq=0,vadd_ports=1,mm_pack=0,mm_overlap=0,rq_pipe=0``.
 PRESETS: dict[str, ChipConfig] = {
     "book": BOOK,
     "fast": ChipConfig(array=8, mm_load=4, gather=1, ext_words=16384, mm_rq=1, vadd_ports=2, mm_pack=1,
-                       mm_overlap=1),
+                       mm_overlap=1, rq_pipe=1),
 }
 
 

@@ -21,7 +21,7 @@ __all__ = [
     "Op", "FIELDS", "HW_OPERANDS", "SPAD_WORDS", "ROM_WORDS", "MM_MAX_MN", "MM_MAX_K", "COUNTER_OF",
     "COUNTER_INDEX", "IsaError", "Instr",
     "encode", "decode", "operands", "validate", "validate_program", "busy_cycles", "mm_busy_cycles", "mm_b_groups",
-    "vadd_busy_cycles",
+    "vadd_busy_cycles", "rq_busy_cycles", "RQ_PIPE_CYCLES",
     "ld", "st", "mm", "rq", "sm", "vadd", "amax", "unpack", "halt",
     "to_words32", "from_words32", "describe",
     "RESIDENT_OPS", "gather", "scatter", "resident_runs", "resident_busy_cycles", "legal_ops",
@@ -462,7 +462,7 @@ def mm_b_groups(N: int, cfg: ChipConfig, pb: int = 0) -> int:
     return -(-words // cfg.mm_load)
 
 
-def mm_busy_cycles(M: int, K: int, N: int, cfg: ChipConfig, tb: int = 0, pb: int = 0) -> int:
+def mm_busy_cycles(M: int, K: int, N: int, cfg: ChipConfig, tb: int = 0, pb: int = 0, rq: int = 0) -> int:
     """WAIT cycles B of one MM of M x K times K x N on the chip `cfg` (the timing contract of
     hdl/units/mm.py; docs/mm-fast.md for ``pb`` and ``mm_overlap``).
 
@@ -482,7 +482,12 @@ def mm_busy_cycles(M: int, K: int, N: int, cfg: ChipConfig, tb: int = 0, pb: int
     at the same time, C = max(ceil(M/L), cB) cycles a k, the array starts as soon as every operand it
     needs is staged and C is written from the cycle the first result is final::
 
-        B = (K-1)*C + max(3, C-1) + M*N + 1
+        B = (K-1)*C + max(3, C-1) + M*N + 1 + RQ_PIPE_CYCLES*rq*cfg.rq_pipe
+
+    The last term (docs/rq-pipe.md): with the requantizer's pipeline register (``cfg.rq_pipe``) a
+    fused MM (``rq`` = 1, an ``mm_rq`` chip) writes each C element one cycle after the drain selects it,
+    so its last write takes one cycle more. With phases one after the other that cycle is the FIN
+    cycle, which the unit has anyway: the first formula does not change.
 
     `tb` does not enter either formula (it changes the addresses only).
     """
@@ -490,7 +495,7 @@ def mm_busy_cycles(M: int, K: int, N: int, cfg: ChipConfig, tb: int = 0, pb: int
     groups_b = mm_b_groups(N, cfg, pb)
     if cfg.mm_overlap:
         c = max(-(-M // L), groups_b)
-        return (K - 1) * c + max(3, c - 1) + M * N + 1
+        return (K - 1) * c + max(3, c - 1) + M * N + 1 + RQ_PIPE_CYCLES * rq * cfg.rq_pipe
     groups_k = -(-K // L)
     return M * groups_k + K * groups_b + (K + M + N - 2) + M * N + 7
 
@@ -502,16 +507,30 @@ def vadd_busy_cycles(n: int, cfg: ChipConfig) -> int:
     return n + 2 if cfg.vadd_ports == 2 else 2 * n + 2
 
 
+# Cycles the requantizer's pipeline register adds to its latency on a chip with ``rq_pipe`` = 1
+# (docs/rq-pipe.md): the product acc * m is registered, so q follows its input one cycle later.
+RQ_PIPE_CYCLES = 1
+
+
+def rq_busy_cycles(n: int, cfg: ChipConfig) -> int:
+    """WAIT cycles B of one RQ of `n` words on the chip `cfg` (the timing contract of hdl/units/rq.py,
+    docs/rq-pipe.md): ``n + 2`` with the combinational requantizer (the book's), ``n + 3`` with its
+    pipeline register (``cfg.rq_pipe`` = 1: each word is written one cycle later)."""
+    return n + 2 + RQ_PIPE_CYCLES * cfg.rq_pipe
+
+
 def busy_cycles(ins, lat: int = 8, cfg: ChipConfig = BOOK) -> int:
     """WAIT cycles B of one legal instruction on the chip `cfg`; the instruction costs 2 + B cycles in
-    all (HALT: 2). Only the MM unit's and the VADD unit's times depend on the configuration."""
+    all (HALT: 2). Only the MM, VADD and RQ units' times depend on the configuration."""
     o = operands(ins)
     op = o["op"]
     if op == Op.HALT:
         return 0
     if op == Op.MM:
-        # the same with rq = 1 (docs/fused-rq.md); pb is read on a chip with mm_pack = 1 only
-        return mm_busy_cycles(o["M"], o["K"], o["N"], cfg, tb=o["tb"], pb=o["pb"] if cfg.mm_pack else 0)
+        # rq = 1 (docs/fused-rq.md) costs a cycle only with rq_pipe and mm_overlap (docs/rq-pipe.md); pb
+        # and rq are read on a chip with mm_pack = 1 and mm_rq = 1 only
+        return mm_busy_cycles(o["M"], o["K"], o["N"], cfg, tb=o["tb"], pb=o["pb"] if cfg.mm_pack else 0,
+                              rq=o["rq"] if cfg.mm_rq else 0)
     if op == Op.RQC:
         return RQC_BUSY
     if op in RESIDENT_OPS:
@@ -520,7 +539,9 @@ def busy_cycles(ins, lat: int = 8, cfg: ChipConfig = BOOK) -> int:
     n = o["len"]
     if op == Op.VADD:
         return vadd_busy_cycles(n, cfg)
-    return {Op.LD: n + lat + 1, Op.ST: n + 2, Op.RQ: n + 2, Op.SM: 3 * n + 47,
+    if op == Op.RQ:
+        return rq_busy_cycles(n, cfg)
+    return {Op.LD: n + lat + 1, Op.ST: n + 2, Op.SM: 3 * n + 47,
             Op.AMAX: n + 3, Op.UNPACK: 10 * n + 1}[Op(op)]
 
 

@@ -1,18 +1,31 @@
-"""The requantizer: int32 accumulator -> int8, purely combinational (hardware spec 5.4).
+"""The requantizer: int32 accumulator -> int8, combinational by the spec (hardware spec 5.4).
 
-q = clamp(round_half_away(acc * m / 2^s), -127, 127), with relu raising the lower bound to 0. No clock:
-`q` follows the inputs in the same cycle (RQ feeds it straight from the scratchpad read register).
+q = clamp(round_half_away(acc * m / 2^s), -127, 127), with relu raising the lower bound to 0. The book's
+block has no clock: `q` follows the inputs in the same cycle (RQ feeds it straight from the scratchpad
+read register). On a chip with ``rq_pipe`` = 1 (docs/rq-pipe.md) it has one pipeline register: the product
+acc * m, with the sign of acc, s and relu beside it, is registered, and `q` is the result for the inputs
+of the cycle before (latency one cycle, one result every cycle).
 """
 
 from amaranth.hdl import Module, Mux, Signal, signed
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
+from hdl.config import BOOK
+
 __all__ = ["Requantizer"]
 
 
 class Requantizer(wiring.Component):
-    """Combinational int32 -> int8 requantizer.
+    """The int32 -> int8 requantizer: combinational, or with one pipeline register.
+
+    Parameters
+    ----------
+    config : hdl.config.ChipConfig
+        The chip (keyword only; the book's by default): its ``rq_pipe`` is the default of `pipe`.
+    pipe : int, optional
+        0: combinational, ``q`` in the cycle of its inputs. 1: the product ``acc * m`` (and the sign of
+        acc, s and relu) registered at the edge closing the inputs' cycle, ``q`` in the next cycle.
 
     Ports
     -----
@@ -34,23 +47,35 @@ class Requantizer(wiring.Component):
     relu: In(1)
     q:    Out(signed(8))
 
+    def __init__(self, *, config=BOOK, pipe=None):
+        self.pipe = config.rq_pipe if pipe is None else pipe
+        if self.pipe not in (0, 1):
+            raise ValueError(f"Requantizer pipe must be 0 or 1, not {self.pipe!r}")
+        super().__init__()
+
     def elaborate(self, platform):
         m = Module()
         # Work on the signed product so that no negation sits before or after the multiplier (the
         # chip's longest path runs from the scratchpad through here): |p| < 2^55 fits in 57 signed bits.
         p = Signal(signed(57))
-        m.d.comb += p.eq(self.acc * self.m)
+        if self.pipe:
+            # the pipeline register: the product and what the rounding and the clamp read of the inputs
+            neg, shift, relu = Signal(name="neg_r"), Signal(6, name="s_r"), Signal(name="relu_r")
+            m.d.sync += [p.eq(self.acc * self.m), neg.eq(self.acc[31]), shift.eq(self.s), relu.eq(self.relu)]
+        else:
+            neg, shift, relu = self.acc[31], self.s, self.relu
+            m.d.comb += p.eq(self.acc * self.m)
         one_s = Signal(64)
-        m.d.comb += one_s.eq(1 << self.s)
+        m.d.comb += one_s.eq(1 << shift)
         # Round half away from zero as a floor division by 2^s: a non-negative p gets + half, a negative
         # one + half - 1, which is -floor((|p| + half) / 2^s). For s = 0 there is no half and nothing to
         # round. Halves of 2^56 and more (s >= 57) are larger than any |p|, so keeping them is harmless.
         half = Signal(63)
         m.d.comb += half.eq(one_s[1:])
         biased = Signal(signed(66))
-        m.d.comb += biased.eq(p + half - (self.acc[31] & (self.s != 0)))
+        m.d.comb += biased.eq(p + half - (neg & (shift != 0)))
         shifted = Signal(signed(66))
-        m.d.comb += shifted.eq(biased >> self.s)
+        m.d.comb += shifted.eq(biased >> shift)
         # The clamp is decided on `biased` against the scaled bounds, beside the shift rather than after it:
         # shifted >= 128 exactly when biased >= 128 * 2^s, shifted <= -128 when biased < -127 * 2^s.
         upper = Signal(71)
@@ -59,5 +84,5 @@ class Requantizer(wiring.Component):
         m.d.comb += lower.eq(one_s - upper)             # a subtraction, not a multiply (no DSP)
         q = Signal(signed(8))
         m.d.comb += q.eq(Mux(biased >= upper, 127, Mux(biased < lower, -127, shifted[:8])))
-        m.d.comb += self.q.eq(Mux(self.relu & q[7], 0, q))
+        m.d.comb += self.q.eq(Mux(relu & q[7], 0, q))
         return m

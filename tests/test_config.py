@@ -32,6 +32,7 @@ def test_spec_round_trip():
     ({"lat": 0}, "ChipConfig lat must be in 1..1024, not 0"),
     ({"gather": 2}, "ChipConfig gather must be 0 or 1, not 2"),
     ({"mm_rq": 2}, "ChipConfig mm_rq must be 0 or 1, not 2"),
+    ({"rq_pipe": 2}, "ChipConfig rq_pipe must be 0 or 1, not 2"),
     ({"ext_words": 70000}, "ChipConfig ext_words must be in 1..65536 (16-bit external addresses), not 70000"),
 ])
 def test_bad_parameter_is_a_value_error_naming_it(kwargs, message):
@@ -49,7 +50,8 @@ def test_non_integer_parameter_is_a_type_error():
 @pytest.mark.parametrize("spec, message", [
     ("zzz", "--chip 'zzz': 'zzz' is neither a preset (book, fast) nor name=value"),
     ("foo=1", "--chip 'foo=1': unknown parameter 'foo' (parameters: array, counter_bits, ext_words, "
-              "gather, lat, mm_load, mm_overlap, mm_pack, mm_rq, rom_words, row_depth, spad_depth, vadd_ports, word_bits)"),
+              "gather, lat, mm_load, mm_overlap, mm_pack, mm_rq, rom_words, row_depth, rq_pipe, spad_depth, vadd_ports, "
+                  "word_bits)"),
     ("array=x", "--chip 'array=x': array='x' is not a whole number"),
     ("array=8,array=4", "--chip 'array=8,array=4': array given twice"),
     ("array=3", "--chip 'array=3': ChipConfig array must be a power of two in 1..16, not 3"),

@@ -186,14 +186,22 @@ UNIT_CASES = [
      [(8, 64, 8, 0, 15_000_000, 31, 0, 1), (8, 13, 7, 1, 12_000_000, 26, 1, 1), (5, 3, 8, 0, None, None, None, 0),
       (7, 64, 8, 1, 0, 20, 0, 1), (8, 6, 8, 0, 10_000_000, 14, 0, 1)]),
 ]
+# The piped requantizer (docs/rq-pipe.md): the serial unit (the write in FIN, no cycle more) and the
+# overlapped one (a fused MM one cycle more), with plain MMs between fused ones.
+UNIT_CASES += [(replace(UNIT_CASES[0][0], rq_pipe=1), UNIT_CASES[0][1]),
+               (replace(UNIT_CASES[1][0], rq_pipe=1, mm_overlap=1), UNIT_CASES[1][1]),
+               (replace(UNIT_CASES[1][0], rq_pipe=1, mm_overlap=1, mm_load=1, array=4),
+                [(4, 3, 4, 0, 11_534_336, 20, 0, 1), (1, 1, 1, 0, None, None, None, 1), (2, 2, 3, 1, None, None, None, 0),
+                 (1, 1, 1, 0, None, None, None, 1), (4, 64, 4, 0, 1 << 23, 40, 1, 1)])]
 
 
-@pytest.mark.parametrize("cfg, cases", UNIT_CASES, ids=["book-mm_rq", "array8-load4-mm_rq"])
+@pytest.mark.parametrize("cfg, cases", UNIT_CASES, ids=["book-mm_rq", "array8-load4-mm_rq", "book-mm_rq-rq_pipe",
+                                                         "array8-load4-overlap-rq_pipe", "book-overlap-rq_pipe"])
 def test_mm_unit_requantizes_its_output(cfg, cases):
     """RQC pulses (with junk in RQC's ignored bits) and MMs with random bases, strides and overlaps on a
     scratchpad of random words: after each MM the whole scratchpad is the golden one (`mm_model`, through
-    hdl.arith.requant when rq = 1), B is hdl.isa.mm_busy_cycles, and the registers hold what the last
-    RQC loaded."""
+    hdl.arith.requant when rq = 1), B is hdl.isa.mm_busy_cycles (one cycle more for a fused MM of an
+    overlapped unit with rq_pipe), and the registers hold what the last RQC loaded."""
     from hdl.units.mm import MatrixUnit
     from sim.verify.progen import ignored_bits
     from tests.test_unit_mm import mm_model, random_mm
@@ -232,7 +240,14 @@ def test_mm_unit_requantizes_its_output(cfg, cases):
         return out
 
     got = simulate(MatrixUnit(config=cfg), bench_fn)
-    assert got == [isa.mm_busy_cycles(*(lambda o: (o["M"], o["K"], o["N"]))(operands(w)), cfg) for _, w in steps]
+    want = [isa.mm_busy_cycles(*(lambda o: (o["M"], o["K"], o["N"]))(operands(w)), cfg, rq=operands(w)["rq"])
+            for _, w in steps]
+    assert got == want
+    # the piped requantizer's extra cycle stated outright: only fused MMs, only with overlapped phases
+    plain = [isa.mm_busy_cycles(*(lambda o: (o["M"], o["K"], o["N"]))(operands(w)), replace(cfg, rq_pipe=0))
+             for _, w in steps]
+    extra = cfg.rq_pipe and cfg.mm_overlap
+    assert [g - p for g, p in zip(got, plain)] == [extra * operands(w)["rq"] for _, w in steps]
 
 
 # ---- the chip: reference, Amaranth's simulator, Verilator ------------------------------------------
@@ -264,7 +279,8 @@ def _chip_image(seed, ext):
     return [rng.choice((rng.getrandbits(32), rng.randint(-128, 127) & 0xFFFFFFFF)) for _ in range(ext)]
 
 
-@pytest.mark.parametrize("cfg", [BOOK_RQ, FAST_RQ], ids=["book-mm_rq", "fast-mm_rq"])
+@pytest.mark.parametrize("cfg", [BOOK_RQ, FAST_RQ, replace(BOOK_RQ, rq_pipe=1, mm_overlap=1)],
+                         ids=["book-mm_rq", "fast-mm_rq", "book-mm_rq-overlap-rq_pipe"])
 def test_directed_program_on_the_amaranth_chip_equals_the_reference(cfg):
     from sim.backends import get_backend
     prog = [w if isinstance(w, int) else w.word for w in _directed(cfg)]
@@ -277,15 +293,16 @@ def test_directed_program_on_the_amaranth_chip_equals_the_reference(cfg):
                                    if operands(w)["op"] in (Op.MM, Op.RQC))
 
 
-def test_random_programs_on_the_amaranth_chip_equal_the_reference():
+@pytest.mark.parametrize("cfg", [BOOK_RQ, replace(BOOK_RQ, rq_pipe=1)], ids=["book-mm_rq", "book-mm_rq-rq_pipe"])
+def test_random_programs_on_the_amaranth_chip_equal_the_reference(cfg):
     """A handful of the generator's short programs with RQCs and fused MMs (one of each at least)."""
     from sim.backends import get_backend
     from sim.verify.progen import random_program
-    chip = get_backend("amaranth", config=BOOK_RQ)
-    ref = ReferenceMachine(config=BOOK_RQ, check=False)
+    chip = get_backend("amaranth", config=cfg)
+    ref = ReferenceMachine(config=cfg, check=False)
     seen = set()
     for seed in range(3):
-        prog, image = random_program(random.Random(f"fused {seed}"), EXT, None, 2, config=BOOK_RQ)
+        prog, image = random_program(random.Random(f"fused {seed}"), EXT, None, 2, config=cfg)
         seen |= {(operands(w)["op"], operands(w).get("rq")) for w in prog}
         want, got = ref.run(prog, image, 2), chip.run(prog, image, 2)
         assert first_difference(want, got) is None, seed

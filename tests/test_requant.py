@@ -1,9 +1,13 @@
 """Requantizer (hardware spec 5.4): every edge, R10, and 20,000 random cases against hdl.arith.
 
 Two independent golden paths: `hdl.arith.requant` (the RTL's own steps) and the spec's integer rule
-clamp(round_half_away(acc * m / 2^s), -127, 127) built from `hdl.arith.rha_div`.
+clamp(round_half_away(acc * m / 2^s), -127, 127) built from `hdl.arith.rha_div`. Both the book's
+combinational block and the piped one of ``rq_pipe`` chips (docs/rq-pipe.md: q one cycle after its inputs).
 """
 import random
+
+import pytest
+from amaranth.hdl import ClockDomain
 
 from hdl.arith import clamp, requant, rha_div
 from hdl.requant import Requantizer
@@ -15,8 +19,12 @@ def integer_rule(acc, m, s, relu):
     return max(q, 0) if relu else q
 
 
-def simulate(cases):
-    """Drive every (acc, m, s, relu) case through the block without a clock; return the q values."""
+def simulate(cases, pipe=0):
+    """Drive every (acc, m, s, relu) case through the block; return the q values. The combinational block
+    runs without a clock; the piped one (`pipe` = 1) takes case k in cycle k, and its q is read in cycle
+    k+1 with case k+1 already on the inputs (so a q that followed its inputs would be the wrong case's)."""
+    if pipe:
+        return _simulate_piped(cases)
     dut = Requantizer()
     out = []
 
@@ -32,8 +40,24 @@ def simulate(cases):
     return out
 
 
-def check(cases):
-    got = simulate(cases)
+def _simulate_piped(cases, dut=None):
+    dut = Requantizer(pipe=1) if dut is None else dut
+    out = []
+
+    async def bench(ctx):
+        for k, case in enumerate(cases + [(0, 0, 0, 0)]):
+            for port, value in zip((dut.acc, dut.m, dut.s, dut.relu), case):
+                ctx.set(port, value)
+            if k:
+                out.append(ctx.get(dut.q))        # the previous case's result, with this case on the inputs
+            await ctx.tick()
+
+    run(dut, bench, domain=ClockDomain("sync"))     # a clock domain even for the combinational block
+    return out
+
+
+def check(cases, pipe=0):
+    got = simulate(cases, pipe)
     bad = [(c, g, requant(*c)) for c, g in zip(cases, got) if g != requant(*c)]
     assert not bad, f"{len(bad)} mismatches, first (case, got, want): {bad[:3]}"
     rule = [(c, requant(*c), integer_rule(*c)) for c in cases if requant(*c) != integer_rule(*c)]
@@ -76,10 +100,26 @@ def edge_cases():
     return cases
 
 
-def test_edges():
+@pytest.mark.parametrize("pipe", [0, 1])
+def test_edges(pipe):
     cases = edge_cases()
     assert len(cases) > 1000
-    check(cases)
+    check(cases, pipe)
+
+
+def test_piped_block_is_one_cycle_late_and_the_config_selects_it():
+    """The piped block's q is the result of the previous cycle's inputs, not of this cycle's: the check
+    of `_simulate_piped` fails on the combinational block; `config.rq_pipe` is the default of `pipe`."""
+    from dataclasses import replace
+
+    from hdl.config import BOOK, PRESETS
+    cases = [(11200, 14757225, 31, 0), (-18444, 14757225, 31, 0), (13569, 14757225, 31, 0), (5, 1, 0, 0)]
+    assert _simulate_piped(cases) == [77, -127, 93, 5]
+    assert _simulate_piped(cases, Requantizer(pipe=0)) == [-127, 93, 5, 0]      # each one case early
+    assert Requantizer().pipe == 0 and Requantizer(config=replace(BOOK, rq_pipe=1)).pipe == 1
+    assert Requantizer(config=PRESETS["fast"]).pipe == 1 and Requantizer(config=PRESETS["fast"], pipe=0).pipe == 0
+    with pytest.raises(ValueError, match="pipe must be 0 or 1"):
+        Requantizer(pipe=2)
 
 
 def test_edge_values_directly():
@@ -91,7 +131,8 @@ def test_edge_values_directly():
     assert simulate(cases) == [127, -127, 0, 0, 127, 0, 0, -2]
 
 
-def test_random_20000():
+@pytest.mark.parametrize("pipe", [0, 1])
+def test_random_20000(pipe):
     rng = random.Random(20260530)
     cases = []
     for _ in range(20000):
@@ -103,7 +144,7 @@ def test_random_20000():
         m = rng.choice([rng.randint(1 << 23, (1 << 24) - 1), rng.randint(0, (1 << 24) - 1)])
         s = rng.choice([rng.randint(0, 63), rng.randint(20, 40)])
         cases.append((acc, m, s, rng.randint(0, 1)))
-    check(cases)
+    check(cases, pipe)
 
 
 def test_never_minus_128():

@@ -53,6 +53,7 @@ from hdl.scratchpad import SpadPort
 from hdl.systolic import SystolicArray
 
 from .base import SpadUnit, operand, operand_bits, operand_layout
+from .rq import check_write_in_busy
 
 __all__ = ["MatrixUnit", "MM_RQ_PROPERTIES"]
 
@@ -266,19 +267,50 @@ class MatrixUnit(SpadUnit):
             step_x = Mux(fsm.ongoing("LB") & tb, ldb, 1)
             m.d.comb += [self.spad.raddr_x[j].eq(ptr + (j + 1) * step_x) for j in range(L - 1)]
         m.d.comb += running.eq(fsm.ongoing("RUN"))
-        m.d.comb += self.spad.we.eq(fsm.ongoing("OUT"))
+        self._write_enable(m, fsm, opr)
 
         self._check(m, opr)
         return m
 
+    @property
+    def _piped(self):
+        """The output requantizer has its pipeline register (``mm_rq`` and ``rq_pipe``, docs/rq-pipe.md)."""
+        return bool(self.config.mm_rq and self.config.rq_pipe)
+
+    def _finish_out(self, m, opr):
+        """The overlapped unit's last OUT edge: finish, or with the piped requantizer and rq set go to
+        LAST, whose edge writes the last element (one cycle more, ``hdl.isa.mm_busy_cycles``)."""
+        if self._piped:
+            with m.If(opr.rq):
+                m.next = "LAST"
+            with m.Else():
+                self.finish(m)
+        else:
+            self.finish(m)
+
+    def _write_enable(self, m, fsm, opr):
+        """The write port's enable: high in OUT; with the piped requantizer and rq set, one cycle later
+        (the cycle after each OUT cycle: the serial unit's FIN or the overlapped unit's LAST writes the
+        last element)."""
+        out_now = fsm.ongoing("OUT")
+        if self._piped:
+            we_d = Signal(name="we_d")
+            m.d.sync += we_d.eq(out_now)
+            m.d.comb += self.spad.we.eq(Mux(opr.rq, we_d, out_now))
+        else:
+            m.d.comb += self.spad.we.eq(out_now)
+
     def _check(self, m, opr):
         """The unit contract (scope "mm"; "mm_rq" with the requantizer's properties on an mm_rq chip,
-        "mm_fast" on an mm_pack or mm_overlap chip without it)."""
+        "mm_rq_pipe" on one with rq_pipe too, "mm_fast" on an mm_pack or mm_overlap chip without it)."""
         cfg = self.config
         if cfg.mm_rq:
-            # the unit contract under the scope "mm_rq", and the requantizer's properties
-            unit_protocol(m, "mm_rq", self.start, self.busy, self.done, opr.as_value())
-            self._check_rq(m, opr)
+            # the unit contract under the scope "mm_rq" (or "mm_rq_pipe"), and the requantizer's properties
+            scope = "mm_rq_pipe" if self._piped else "mm_rq"
+            unit_protocol(m, scope, self.start, self.busy, self.done, opr.as_value())
+            self._check_rq(m, opr, scope)
+            if self._piped:
+                check_write_in_busy(m, scope, self.spad.we, self.busy)
         elif cfg.mm_pack or cfg.mm_overlap:
             unit_protocol(m, "mm_fast", self.start, self.busy, self.done, opr.as_value())
         else:
@@ -334,21 +366,27 @@ class MatrixUnit(SpadUnit):
         # PE(m, n)'s accumulator is c[m * n_arr + n]: the low log2(n_arr) bits of each counter.
         lg = (n_arr - 1).bit_length()
         c_out = array.c[Cat(ni[:lg], mi[:lg])] if lg else array.c[0]
-        m.d.comb += self.spad.waddr.eq(oaddr)
+        if self._piped:
+            # the piped requantizer holds the element selected in the previous cycle: so does the address
+            oaddr_d = self.addr_signal("oaddr_d")
+            m.d.sync += oaddr_d.eq(oaddr)
+            m.d.comb += self.spad.waddr.eq(Mux(opr.rq, oaddr_d, oaddr))
+        else:
+            m.d.comb += self.spad.waddr.eq(oaddr)
         if cfg.mm_rq:
             # the output requantizer (docs/fused-rq.md): C through one Requantizer when the MM's rq is set
             regs = self.rq_regs
             with m.If(self.rqc):
                 m.d.sync += regs.eq(operand_bits(self.ins, Op.RQC))
-            m.submodules.requant = rq = Requantizer()
+            m.submodules.requant = rq = Requantizer(config=cfg)
             m.d.comb += [rq.acc.eq(c_out), rq.m.eq(regs.m), rq.s.eq(regs.s), rq.relu.eq(regs.relu),
                          self.spad.wdata.eq(Mux(opr.rq, rq.q, c_out))]     # q is signed(8): sign-extended
         else:
             m.d.comb += self.spad.wdata.eq(c_out)
 
-    def _check_rq(self, m, opr):
-        """`MM_RQ_PROPERTIES` as Asserts (scope ``mm_rq``)."""
-        h = History(m, "mm_rq")
+    def _check_rq(self, m, opr, scope):
+        """`MM_RQ_PROPERTIES` as Asserts (scope ``mm_rq`` or ``mm_rq_pipe``)."""
+        h = History(m, scope)
         t = MM_RQ_PROPERTIES
         regs = self.rq_regs.as_value()
         was_rqc, was_ins, was_regs = h.past(self.rqc, "rqc"), h.past(self.ins, "ins"), h.past(regs, "regs")
@@ -459,7 +497,12 @@ class MatrixUnit(SpadUnit):
                     m.next = "OUT"
 
             with m.State("OUT"):
-                self._out_walk(m, opr, mi, ni, orow, oaddr, lambda: self.finish(m))
+                self._out_walk(m, opr, mi, ni, orow, oaddr, lambda: self._finish_out(m, opr))
+
+            if self._piped:
+                with m.State("LAST"):
+                    # the piped requantizer's last write (docs/rq-pipe.md)
+                    self.finish(m)
 
         # Staging runs in LOAD and, for its last cycles, in OUT (x_out may be the last read's cycle).
         with m.If(~fsm.ongoing("IDLE")):
@@ -476,7 +519,7 @@ class MatrixUnit(SpadUnit):
                 with m.Else():
                     m.d.sync += [gs.eq(gs + 1), pa.eq(pa + (lda << lg_load)), pbp.eq(pbp + (b_port << lg_load))]
         m.d.comb += [array.clr.eq(fsm.ongoing("LOAD") & (x == 0)),
-                     running.eq(~fsm.ongoing("IDLE") & (x >= s_run)),
-                     self.spad.we.eq(fsm.ongoing("OUT"))]
+                     running.eq(~fsm.ongoing("IDLE") & (x >= s_run))]
+        self._write_enable(m, fsm, opr)
         self._check(m, opr)
         return m

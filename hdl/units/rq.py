@@ -1,44 +1,117 @@
-"""RQ unit: requantizes `len` int32 words to int8 (hardware spec 4.3). B = len + 2.
+"""RQ unit: requantizes `len` int32 words to int8 (hardware spec 4.3). B = ``hdl.isa.rq_busy_cycles``.
 
-The ST skeleton with the scratchpad as destination: element k is read in W(k+1), goes through the
-combinational requantizer and is written at the end of W(k+2); `done` is high in W(len+2).
+Timing contract. The ST skeleton with the scratchpad as destination: element k's address goes out in
+W(k+1) and its word is in the read register in W(k+2).
+
+- The book's chip (``rq_pipe`` = 0), B = len + 2: the word goes through the combinational requantizer and
+  is written at the end of W(k+2); `done` is high in W(len+2). States IDLE, STREAM.
+- ``rq_pipe`` = 1 (docs/rq-pipe.md), B = len + 3: the requantizer registers the product at the end of
+  W(k+2), and q is written at the end of W(k+3) (the write enable and the address follow the word one
+  cycle late, in ``wv`` and ``wj``); after the last word's read cycle the unit spends one cycle in DRAIN,
+  which writes it, and `done` is high in W(len+3). States IDLE, STREAM, DRAIN.
+  Element k's read (the edge closing W(k+1)) is the edge that writes element k-2 now, not k-1: when
+  src[k] is that word (dst = src + 2 modulo the scratchpad's depth) the read misses it, so the unit then
+  feeds the requantizer the value it wrote instead (`fwd`, `last`), and every placement of the operands
+  gives the book's result (a read sees the writes of elements <= k-2, ``sim.backends.reference``).
 """
 
-from amaranth.hdl import Module
+from amaranth.hdl import Module, Mux, Signal, signed
 
 from hdl.isa import Op
+from hdl.properties import History, unit_protocol
 from hdl.requant import Requantizer
 
 from .base import SpadUnit
 
-__all__ = ["RequantUnit"]
+__all__ = ["RequantUnit", "RQ_PIPE_PROPERTIES"]
+
+# The property of a unit whose requantizer has the pipeline register (the RQ unit of an rq_pipe chip, scope
+# "rq_pipe"; the MM unit of an mm_rq and rq_pipe chip, scope "mm_rq_pipe"): sim.verify.formal's targets of
+# those names prove it with the unit contract.
+RQ_PIPE_PROPERTIES = {
+    "write_in_busy": "the scratchpad is written only in a busy cycle (the word left in the requantizer's "
+                     "register is written before done)",
+}
 
 
 class RequantUnit(SpadUnit):
     """Vector requantizer: spad[dst+i] = sext(requant(s32(spad[src+i]), m, s, relu)).
 
     The ports are `SpadUnit`'s. dst, src, len, m, s and relu are latched at E0; ``spad.raddr = src + i``;
-    ``done`` is high in W(len+2).
+    ``done`` is high in W(len+2), or W(len+3) with ``config.rq_pipe``.
     """
 
     OP = Op.RQ
 
     def elaborate(self, platform):
         m = Module()
-        m.submodules.requant = rq = Requantizer()
+        m.submodules.requant = rq = Requantizer(config=self.config)
         opr = self.operand_register()
         src, dst, n, mant, shift, relu = opr.src, opr.dst, opr.len, opr.m, opr.s, opr.relu
-        i, j, v = self.one_pass(m, opr, n)
+        acc = self.spad.rdata
+        if self.config.rq_pipe:
+            i, j, v = self._piped(m, opr, n)
+            # the word read in the previous cycle is in the requantizer's register: write it now
+            wv, wj = Signal(name="wv"), self.addr_signal("wj")
+            m.d.sync += [wv.eq(v), wj.eq(j)]
+            we, waddr = wv, dst + wj
+            # fwd: the word in the read register was read at the edge that wrote it (dst = src + 2
+            # modulo the depth, and a word was written), so the read missed that write; `last` holds
+            # the value written, q of the previous cycle
+            gap = self.addr_signal("gap")           # dst - src - 2 modulo the depth
+            m.d.comb += gap.eq(dst - src - 2)
+            fwd, last = Signal(name="fwd"), Signal(signed(8), name="last")
+            m.d.sync += [fwd.eq((gap == 0) & wv), last.eq(rq.q)]
+            acc = Mux(fwd, last, acc)
+        else:
+            i, j, v = self.one_pass(m, opr, n)
+            we, waddr = v, dst + j
 
         m.d.comb += [
-            rq.acc.eq(self.spad.rdata),
+            rq.acc.eq(acc),
             rq.m.eq(mant),
             rq.s.eq(shift),
             rq.relu.eq(relu),
             self.spad.raddr.eq(src + i),
-            self.spad.we.eq(v),
-            self.spad.waddr.eq(dst + j),
+            self.spad.we.eq(we),
+            self.spad.waddr.eq(waddr),
             self.spad.wdata.eq(rq.q),        # q is signed(8): the assignment sign-extends it
         ]
-        self.check_protocol(m, opr)
+        self._check(m, opr)
         return m
+
+    def _piped(self, m, opr, n):
+        """`Unit.one_pass` with one cycle more: the last word's read cycle goes to DRAIN, whose edge
+        writes that word and finishes. Returns (i, j, v)."""
+        i = self.addr_signal("i")
+        j = self.addr_signal("j")
+        v = Signal(name="v")
+        with self.control(m):
+            with m.State("IDLE"):
+                with m.If(self.start):
+                    self.begin(m, opr)
+                    m.d.sync += [i.eq(0), j.eq(0), v.eq(0)]
+                    m.next = "STREAM"
+            with m.State("STREAM"):
+                def last():
+                    m.d.sync += v.eq(0)
+                    m.next = "DRAIN"
+                self.stream(m, i, j, v, n, last)
+            with m.State("DRAIN"):
+                self.finish(m)
+        return i, j, v
+
+    def _check(self, m, opr):
+        """The unit contract: scope ``rq``, or ``rq_pipe`` for the piped unit (sim.verify.formal's
+        target of that name)."""
+        if self.config.rq_pipe:
+            unit_protocol(m, "rq_pipe", self.start, self.busy, self.done, opr.as_value())
+            check_write_in_busy(m, "rq_pipe", self.spad.we, self.busy)
+        else:
+            self.check_protocol(m, opr)
+
+
+def check_write_in_busy(m, scope, we, busy):
+    """`RQ_PIPE_PROPERTIES` as an Assert under `scope`."""
+    h = History(m, scope)
+    h.check("write_in_busy", ~we | busy, RQ_PIPE_PROPERTIES["write_in_busy"])

@@ -167,6 +167,16 @@ def targets() -> list[Target]:
     # mm_fast).
     fast_mm = replace(BOOK, mm_pack=1, mm_overlap=1)
     out.append(Target("mm_fast", lambda: MatrixUnit(config=fast_mm), UNIT_PROPERTIES, every))
+    # The requantizer's pipeline register (docs/rq-pipe.md): the RQ unit and the fused MM unit (overlapped,
+    # where a fused MM takes the cycle LAST) of an rq_pipe chip, the unit contract and write_in_busy.
+    from hdl.units.rq import RQ_PIPE_PROPERTIES
+    piped = replace(BOOK, rq_pipe=1)
+    out.append(Target("rq_pipe", lambda: RequantUnit(config=piped), {**UNIT_PROPERTIES, **RQ_PIPE_PROPERTIES},
+                      every | frozenset(RQ_PIPE_PROPERTIES)))
+    fused_piped = replace(BOOK, mm_rq=1, mm_overlap=1, rq_pipe=1)
+    out.append(Target("mm_rq_pipe", lambda: MatrixUnit(config=fused_piped),
+                      {**UNIT_PROPERTIES, **MM_RQ_PROPERTIES, **RQ_PIPE_PROPERTIES},
+                      every | frozenset(MM_RQ_PROPERTIES) | frozenset(RQ_PIPE_PROPERTIES)))
     # The VADD unit with two read ports (docs/vadd-ports.md): the unit contract (scope vadd_ports).
     two_ports = replace(BOOK, vadd_ports=2)
     out.append(Target("vadd_ports", lambda: VaddUnit(config=two_ports), UNIT_PROPERTIES, every))
