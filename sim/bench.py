@@ -16,12 +16,13 @@ import sys
 import time
 
 from sim.backends import MAX_LAT, BackendUnavailable, SimError, first_difference, get_backend
-from sim.cli import Parser, Progress, UsageError, chip_option, guarded, int_range, window
+from sim.cli import (Parser, Progress, UsageError, backend_options, board_options, chip_option, guarded, int_range,
+                     window)
 
 from host.paged import MAX_CONTEXT     # the book's context limit: the decode's steps without a window
 
 __all__ = ["decode_jobs", "resident_jobs", "random_jobs", "bench", "mac_count", "mode_figures", "compare_modes",
-           "build_parser", "main"]
+           "board_figures", "build_parser", "main"]
 
 
 class _Recorder:
@@ -95,10 +96,11 @@ def _run_all(backend, jobs):
     return out
 
 
-def bench(jobs, sims, repeat: int = 3, out=None, config=None) -> dict:
+def bench(jobs, sims, repeat: int = 3, out=None, config=None, options=None) -> dict:
     """Time `jobs` on each simulator of `sims` (best of `repeat` for the fast ones), every one simulating
     the chip `config` (default: the book's); prints a table and returns {"jobs", "cycles", "backends":
-    {sim: figures}}."""
+    {sim: figures}}. `options` maps a simulator to its backend's arguments (the board's port); the
+    backend objects are in ``"objects"``."""
     out = out or sys.stdout
     reference = get_backend("reference", config=config)
     ref_wall = float("inf")
@@ -107,14 +109,15 @@ def bench(jobs, sims, repeat: int = 3, out=None, config=None) -> dict:
         expected = [_run(reference, job) for job in jobs]
         ref_wall = min(ref_wall, time.perf_counter() - t0)
     cycles = sum(r.cycles for r in expected)
-    rows = {}
+    rows, objects = {}, {}
     for name in sims:
         extra = ""
         try:
             if name == "reference":
                 be, got, wall = reference, expected, ref_wall
             else:
-                be = get_backend(name, config=config)
+                be = get_backend(name, config=config, **(options or {}).get(name, {}))
+                objects[name] = be
                 if name == "verilator":
                     tb = time.perf_counter()
                     for key in sorted({(len(job[1]), job[2]) for job in jobs}):
@@ -124,7 +127,7 @@ def bench(jobs, sims, repeat: int = 3, out=None, config=None) -> dict:
                              f"model found in the cache in {spent:.1f} s (not in the figures)")
                 wall, in_model = float("inf"), float("inf")
                 # the Python simulator is far too slow to repeat; the others take the best of `repeat`
-                for _ in range(repeat if name == "verilator" else 1):
+                for _ in range(repeat if name == "verilator" else 1):     # amaranth and a board: once
                     t = time.perf_counter()
                     got = _run_all(be, jobs)
                     wall = min(wall, time.perf_counter() - t)
@@ -148,7 +151,7 @@ def bench(jobs, sims, repeat: int = 3, out=None, config=None) -> dict:
               f"{'identical to the reference' if diff is None else 'DIFFERS: ' + diff}", file=out)
         if extra:
             print(f"{'':>12}{extra}", file=out)
-    return {"jobs": len(jobs), "cycles": cycles, "backends": rows}
+    return {"jobs": len(jobs), "cycles": cycles, "backends": rows, "objects": objects}
 
 
 def mac_count(graph) -> int:
@@ -217,6 +220,69 @@ def compare_modes(window, steps: int, lat: int, config, out=None) -> dict:
     return rows
 
 
+def _step_bytes(log) -> dict:
+    """Mean host bytes per run of `log` entries (`BoardBackend.run_log`), each way and in all."""
+    n = max(len(log), 1)
+    out = sum(r["bytes_out"] for r in log) / n
+    back = sum(r["bytes_in"] for r in log) / n
+    return {"runs": len(log), "bytes_out": out, "bytes_in": back, "bytes": out + back,
+            "retries": sum(r["retries"] for r in log)}
+
+
+def board_figures(board, config, window, steps: int, lat: int, fmax_hz=None, out=None) -> dict:
+    """The board's link figures: host bytes per decode step in book mode and (on a gather chip) resident
+    mode, in steady state (the runs after the first of each decode, which writes everything the board
+    does not hold yet); the link's measured payload bytes per second (`BoardBackend.measure_link`); and the
+    tokens per second the board would give at each mode: the lower of the link-bound figure (a step's
+    bytes at the measured line rate) and the chip-bound one (its clock over a step's cycles). Prints them
+    and returns them."""
+    out = out or sys.stdout
+    modes = [("book", decode_jobs(window, steps, lat, config=config))]
+    if config.gather:
+        modes.append(("resident", resident_jobs(window, steps, lat, config=config)))
+    hello = board.connect()
+    clk = fmax_hz or hello.clk_hz
+    figures = {"clk_hz": clk, "modes": {}}
+    per_mode = {}
+    for mode, jobs in modes:
+        start = len(board.run_log)
+        for job in jobs:
+            _run(board, job)
+        log = board.run_log[start:]
+        first = 1                                   # book: the first step; resident: the load program
+        steady = log[first + (mode == "resident"):] or log[first:]
+        per_mode[mode] = (_step_bytes(log[:first]), _step_bytes(steady),
+                          sum(r["cycles"] for r in steady) / max(len(steady), 1))
+    link = board.measure_link()
+    rate = link["line_bytes_per_s"]
+    nominal = hello.baud / 10                       # 8N1: ten bit times a byte, one way
+    figures["link"] = link
+    print(f"board link ({board.port}; the board's clock {hello.clk_hz / 1e6:g} MHz, {hello.baud:,} baud): payload "
+          f"{link['payload_out_per_s']:,.0f} bytes/s to the board and {link['payload_in_per_s']:,.0f} from it "
+          f"({link['words']} words each way in frames of up to {hello.max_payload} bytes); line "
+          f"{rate:,.0f} bytes/s both ways together (the nominal line: {nominal:,.0f} bytes/s each way)", file=out)
+    for mode, (first, st, cycles) in per_mode.items():
+        link_tps = rate / st["bytes"] if st["bytes"] else float("inf")
+        nominal_tps = nominal / st["bytes"] if st["bytes"] else float("inf")
+        chip_tps = clk / cycles if cycles else float("inf")
+        board_tps = min(link_tps, chip_tps)
+        both = 1 / (1 / link_tps + 1 / chip_tps)
+        what = "the first step" if mode == "book" else "the load program"
+        figures["modes"][mode] = {"first_bytes": first["bytes"], "step_bytes_out": st["bytes_out"],
+                                  "step_bytes_in": st["bytes_in"], "step_cycles": cycles,
+                                  "link_tokens_per_s": link_tps, "chip_tokens_per_s": chip_tps,
+                                  "tokens_per_s": board_tps, "serial_tokens_per_s": both,
+                                  "nominal_link_tokens_per_s": nominal_tps, "retries": st["retries"]}
+        print(f"{mode:>9} mode: {st['bytes']:,.0f} host bytes per step ({st['bytes_out']:,.0f} to the board, "
+              f"{st['bytes_in']:,.0f} back; {what}: {first['bytes']:,.0f}), {cycles:,.0f} cycles per step; tokens "
+              f"per second: link-bound {link_tps:,.1f} (at the nominal line {nominal_tps:,.1f}), chip-bound "
+              f"{chip_tps:,.1f} at {clk / 1e6:g} MHz: the board would give {board_tps:,.1f} "
+              f"({'link' if link_tps < chip_tps else 'chip'}-bound; {both:,.1f} with transfer and run one after "
+              f"the other)", file=out)
+    print(board.link_summary(), file=out)
+    return figures
+
+
 def build_parser() -> Parser:
     from sim.backends import BACKENDS
     p = Parser("python -m sim.bench",
@@ -231,8 +297,15 @@ def build_parser() -> Parser:
     p.add_argument("--lat", type=int_range(1, MAX_LAT), default=None, metavar="N",
                    help=f"external read latency in cycles, 1..{MAX_LAT} (default: the chip's lat, 8 on the "
                         f"book's chip)")
-    p.add_argument("--sims", default=",".join(BACKENDS), metavar="A,B",
-                   help=f"comma-separated simulators, some of {', '.join(BACKENDS)}")
+    local = ",".join(b for b in BACKENDS if b != "board")
+    p.add_argument("--sims", "--sim", dest="sims", default=local, metavar="A,B",
+                   help=f"comma-separated simulators, some of {', '.join(BACKENDS)} (board: the board on --port, "
+                        f"with its link's figures: host bytes per step in book and resident mode, payload bytes "
+                        f"per second, tokens per second)")
+    board_options(p)
+    p.add_argument("--fmax", type=float, default=None, metavar="MHZ",
+                   help="with a board: the clock for its chip-bound tokens per second (default: the board's "
+                        "own, from its HELLO)")
     p.add_argument("--repeat", type=int_range(1, 100), default=3, metavar="N",
                    help="timed runs per fast simulator, the best is reported (amaranth runs once)")
     p.add_argument("--random", action="store_true",
@@ -255,6 +328,11 @@ def main(argv=None) -> int:
     bad = [s for s in sims if s not in BACKENDS]
     if bad or not sims:
         raise UsageError(f"--sims must list some of {', '.join(BACKENDS)}, got {a.sims!r}")
+    options = {"board": backend_options(a, "board")} if "board" in sims else {}
+    if "board" not in sims:
+        backend_options(a, sims[0])         # a --port without a board is refused
+    if a.fmax is not None and not 0 < a.fmax <= 10_000:
+        raise UsageError(f"--fmax must be a clock in MHz within 0..10000, got {a.fmax:g}")
     if a.serve:
         from sim.serve import serve_targets
         serve_targets(a.chip)
@@ -291,8 +369,12 @@ def main(argv=None) -> int:
     exts = sorted({len(job[1]) for job in jobs})
     print(f"workload: {what}: {len(jobs)} programs, EXT {'/'.join(map(str, exts))}, LAT {a.lat}, "
           f"chip {a.chip.spec()}")
-    r = bench(jobs, sims, a.repeat, config=a.chip)
+    r = bench(jobs, sims, a.repeat, config=a.chip, options=options)
     print(f"{r['cycles']:,} chip cycles per backend")
+    if "board" in r["objects"] and "board" in r["backends"]:
+        print()
+        board_figures(r["objects"]["board"], a.chip, a.window, a.steps, a.lat,
+                      fmax_hz=None if a.fmax is None else a.fmax * 1e6)
     if not r["backends"]:
         raise SimError(f"none of the asked simulators ({', '.join(sims)}) is available")
     return 0 if all(row["identical"] for row in r["backends"].values()) else 1

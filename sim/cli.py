@@ -21,7 +21,7 @@ import sys
 import time
 
 __all__ = ["write_png", "UsageError", "user_errors", "guarded", "Parser", "int_range", "window", "sim_option", "chip",
-           "chip_option",
+           "chip_option", "positive_seconds", "board_options", "backend_options", "link_report",
            "output_file", "output_dir", "make_dir", "write_text", "write_json", "Progress",
            "PROGRESS_ENV", "progress_interval"]
 
@@ -50,10 +50,11 @@ def user_errors() -> tuple[type[BaseException], ...]:
     from host.pagetable import OutOfPages, PageTableError
     from host.window import WindowError
     from sim.backends import SimError
+    from sim.backends.board_backend import BoardError
     from sim.cluster import ClusterError
     from sim.formats.hexfile import HexFileError
     return (UsageError, ChipSpecError, IsaError, SimError, CompileError, OutOfPages, PageTableError, HostError,
-            WindowError, HexFileError, ClusterError, EngineError, OSError)
+            WindowError, HexFileError, ClusterError, EngineError, BoardError, OSError)
 
 
 def _message(e: BaseException) -> str:
@@ -185,6 +186,56 @@ def sim_option(parser: argparse.ArgumentParser, default: str, help: str = "which
     from sim.backends import BACKENDS
     parser.add_argument(flag, default=default, choices=tuple(BACKENDS), metavar="{" + "|".join(BACKENDS) + "}",
                         help=help)
+
+
+def positive_seconds(text: str) -> float:
+    """An argparse type: a number of seconds > 0 (at most a day)."""
+    try:
+        v = float(text)
+    except ValueError:
+        v = -1.0
+    if not 0 < v <= 86400:
+        raise argparse.ArgumentTypeError(f"must be a number of seconds within 0..86400, got {text!r}")
+    return v
+
+
+def board_options(parser: argparse.ArgumentParser) -> None:
+    """Add the options of ``--sim board`` (`sim.backends.board_backend`): ``--port``, ``--baud``,
+    ``--timeout`` and ``--retries``; `backend_options` turns them into the backend's arguments."""
+    from sim.backends.board_backend import DEFAULT_BAUD, DEFAULT_RETRIES, DEFAULT_TIMEOUT
+    g = parser.add_argument_group("the board (--sim board)")
+    g.add_argument("--port", default=None, metavar="DEVICE",
+                   help="with --sim board: the board's serial port, e.g. /dev/ttyUSB0 or the pty: path that "
+                        "ga2 board-sim prints (default: none)")
+    g.add_argument("--baud", type=int_range(1200, 100_000_000), default=DEFAULT_BAUD, metavar="N",
+                   help="with --sim board: the serial line's rate, as the board was built for")
+    g.add_argument("--timeout", type=positive_seconds, default=DEFAULT_TIMEOUT, metavar="S",
+                   help="with --sim board: seconds the board may stay silent while an answer is due")
+    g.add_argument("--retries", type=int_range(0, 1000), default=DEFAULT_RETRIES, metavar="N",
+                   help="with --sim board: frames that may fail in a row (NAK, garbled or lost) before the run fails")
+
+
+def backend_options(a, sim: str | None = None) -> dict:
+    """The backend arguments of the parsed options `a` for the simulator `sim` (default ``a.sim``): the
+    board's port, baud, timeout and retries for ``board``, nothing for the others. A --port without
+    --sim board, or --sim board without a --port, is a `UsageError`."""
+    sim = getattr(a, "sim", None) if sim is None else sim
+    port = getattr(a, "port", None)
+    if sim != "board":
+        if port is not None:
+            raise UsageError(f"--port {port} is for --sim board (the board's serial port), not --sim {sim}")
+        return {}
+    if not port:
+        raise UsageError("--sim board needs --port DEVICE: the board's serial port, or the pty: path that "
+                         "ga2 board-sim prints")
+    return {"port": port, "baud": a.baud, "timeout": a.timeout, "retries": a.retries}
+
+
+def link_report(backend, out=None) -> None:
+    """Print the board link's one-line summary (frames, retries, bytes) if `backend` is the board's."""
+    summary = getattr(backend, "link_summary", None)
+    if callable(summary):
+        print(summary(), file=out or sys.stdout)
 
 
 def chip(text: str):

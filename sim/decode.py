@@ -14,8 +14,8 @@ import sys
 import time
 
 from sim.backends import MAX_LAT
-from sim.cli import (Parser, Progress, UsageError, chip_option, guarded, int_range, output_file, sim_option,
-                     window, write_json)
+from sim.cli import (Parser, Progress, UsageError, backend_options, board_options, chip_option, guarded, int_range,
+                     link_report, output_file, sim_option, window, write_json)
 
 from host.paged import MAX_CONTEXT, check_decode, max_context     # the context limit and the pool's need, once
 DEFAULT_SIM = "amaranth"
@@ -59,7 +59,9 @@ def build_parser() -> Parser:
     p.add_argument("--seed", type=int, default=None, metavar="S",
                    help="model seed (default 1 for structured, 2 for random)")
     sim_option(p, DEFAULT_SIM, help="which simulator runs the chip: the instruction-level reference machine, "
-                                    "Amaranth's simulator (~40 s for 32 steps) or the emitted Verilog in Verilator")
+                                    "Amaranth's simulator (~40 s for 32 steps), the emitted Verilog in Verilator, "
+                                    "or a board on a serial port (--port; ga2 board-sim simulates one)")
+    board_options(p)
     chip_option(p, help="the chip the programs are compiled for and the simulator runs")
     p.add_argument("--mode", choices=("book", "resident"), default="book",
                    help="book: the host writes the whole image every step (the book's chip); resident: the "
@@ -81,6 +83,7 @@ def build_parser() -> Parser:
 
 def check_args(a) -> None:
     """The checks that need more than one option (each option alone is checked by the parser)."""
+    backend_options(a)                  # --port goes with --sim board, and --sim board needs one
     if getattr(a, "prompt", None) is not None:
         from sim.serve import check_prompt_args
         return check_prompt_args(a)
@@ -127,7 +130,8 @@ def run_decode(a, out=None):
     seed = a.seed if a.seed is not None else (1 if a.model == "structured" else 2)
     cfg = a.chip
     lat = cfg.lat if a.lat is None else a.lat
-    backend = get_backend(a.sim, config=cfg, **({"vcd": a.vcd} if a.vcd else {}))
+    backend = get_backend(a.sim, config=cfg, **({"vcd": a.vcd} if a.vcd else {}), **backend_options(a))
+    board = backend
     counted = None
     if a.check:
         from sim.verify.fuzz import CheckedBackend
@@ -218,6 +222,11 @@ def run_decode(a, out=None):
     print(f"\ncalibration and compile setup {t_cal:.1f} s; {a.steps} steps simulated in {t_run:.1f} s "
           f"({rate:,.0f} chip cycles/s on {a.sim})", file=out)
     result["cycles_total"] = sums[0]
+    if hasattr(board, "link_summary"):
+        link_report(board, out)
+        s = board.stats
+        result["link"] = {"retries": s.retries, "reasons": dict(s.reasons), "polls": s.polls, "frames": s.frames,
+                          "requests": s.requests, "bytes_out": s.bytes_out, "bytes_in": s.bytes_in, "runs": s.runs}
     return result
 
 

@@ -29,6 +29,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "agreement": ("host.agreement", "the random-model chip-vs-float agreement study (559/576)"),
     "formal": ("sim.verify.formal", "formal properties of the chip's blocks (SymbiYosys)"),
     "serve": ("sim.serve", "serve a trace of requests: continuous batching, prefix cache, preemption, replays"),
+    "board-sim": ("sim.board.boardsim", "a GA-2 board in simulation behind a pseudo-terminal, for --sim board --port"),
     "sweep": ("sim.sweep", "the decode on a grid of chip configurations: cycles (and ECP5 size), integers checked"),
 }
 

@@ -142,6 +142,8 @@ def build_parser():
                "python -m sim.replay suite.hex --sim verilator --ext 2048 --lat 8")
     p.add_argument("file", help="the record file")
     sim_option(p, "reference", help="which simulator runs the programs")
+    from sim.cli import board_options
+    board_options(p)
     chip_option(p, help="the chip the file's programs were made for")
     p.add_argument("--ext", type=int_range(1, 65536), default=2048, metavar="WORDS",
                    help="external memory words per image, 1..65536")
@@ -151,11 +153,12 @@ def build_parser():
 
 
 def main(argv=None) -> int:
-    from sim.cli import Progress
+    from sim.cli import Progress, backend_options, link_report
     a = build_parser().parse_args(argv)
+    options = backend_options(a)
     progress = Progress("replaying", unit="program")
     try:
-        backend = get_backend(a.sim, config=a.chip)
+        backend = get_backend(a.sim, config=a.chip, **options)
         records = read_records(a.file, ext=a.ext)
         failure, total = replay(records, backend, lat=a.lat, progress=progress, config=a.chip)
     except (_InputError, HexFileError, BackendUnavailable) as e:
@@ -163,6 +166,7 @@ def main(argv=None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     progress.close()
+    link_report(backend)
     if failure is not None:
         print(f"FAIL: {failure}")
         return 1

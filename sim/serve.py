@@ -19,8 +19,8 @@ import sys
 import time
 
 from sim.backends import MAX_LAT
-from sim.cli import (Parser, Progress, UsageError, chip_option, guarded, int_range, make_dir, output_dir,
-                     output_file, sim_option, window, write_json, write_png)
+from sim.cli import (Parser, Progress, UsageError, backend_options, board_options, chip_option, guarded, int_range,
+                     link_report, make_dir, output_dir, output_file, sim_option, window, write_json, write_png)
 
 __all__ = ["make_trace", "serve", "add_replays", "build_parser", "main", "token_list", "check_prompt_args",
            "run_prompt_decode", "replay_cmd", "summary"]
@@ -162,7 +162,7 @@ def serve(a, backend=None, max_batch=None, progress=None) -> dict:
     from sim.backends import get_backend
     cfg = a.chip
     m = T.make_model(a.model, a.seed_model if a.seed_model is not None else (1 if a.model == "structured" else 2))
-    backend = backend or get_backend(a.sim, config=cfg)
+    backend = backend or get_backend(a.sim, config=cfg, **backend_options(a))
     reqs = make_trace(a.requests, a.seed, a.prompt_len, a.gen_len, a.prefix_share, a.arrival)
     e = Engine(m, backend, max_batch=max_batch or a.max_batch, window=a.window, sinks=a.sinks, page=a.page,
                n_pages=a.pages, prefix_cache=not a.no_prefix_cache, alloc=a.alloc,
@@ -220,6 +220,7 @@ def build_parser() -> Parser:
     p.add_argument("--model-seed", dest="seed_model", type=int, default=None, metavar="S",
                    help="model seed (default 1 for structured, 2 for random)")
     sim_option(p, DEFAULT_SIM, help="which simulator runs the chip (the replays alone run on the reference)")
+    board_options(p)
     p.add_argument("--lat", type=int_range(1, MAX_LAT), default=None, metavar="N",
                    help="external memory read latency (default: the chip's)")
     p.add_argument("--json", type=output_file, default=None, metavar="PATH", help="write the run as JSON")
@@ -238,6 +239,9 @@ def build_parser() -> Parser:
 
 
 def check_args(a) -> None:
+    backend_options(a)
+    if a.sim == "board" and (a.chips > 1 or a.cluster is not None):
+        raise UsageError("--sim board serves on the one board of --port: not with --chips or --cluster")
     if a.mode == "resident":
         if not a.chip.gather:
             raise UsageError(f"--mode resident needs a chip with GATHER/SCATTER (gather=1), and --chip "
@@ -282,8 +286,10 @@ def main(argv=None, out=None) -> int:
     from host.batch import BatchRunner
     from sim.backends.reference import ReferenceMachine
     t0 = time.perf_counter()
+    from sim.backends import get_backend
+    backend = get_backend(a.sim, config=a.chip, **backend_options(a))
     with Progress(f"serving on {a.sim}", unit="request") as bar:
-        res = serve(a, progress=bar)
+        res = serve(a, backend=backend, progress=bar)
     wall = time.perf_counter() - t0
     m = res.pop("model")
     s = summary(res)
@@ -342,6 +348,11 @@ def main(argv=None, out=None) -> int:
         _draw(os.path.join(a.out, "serve_pages.png"), f"pool of {a.pages} pages, max batch {a.max_batch}",
               [st["step"] for st in res["steps"]], [st["pages"] for st in res["steps"]], "engine step",
               "pages owned by requests")
+    if hasattr(backend, "link_summary"):
+        link_report(backend, out)
+        st = backend.stats
+        doc["run"]["link"] = {"retries": st.retries, "reasons": dict(st.reasons), "polls": st.polls,
+                              "bytes_out": st.bytes_out, "bytes_in": st.bytes_in, "runs": st.runs}
     if a.json:
         write_json(a.json, doc, out=out)
     return status
@@ -439,8 +450,8 @@ def run_prompt_decode(a, out=None) -> dict:
     lat = cfg.lat if a.lat is None else a.lat
     m = T.make_model(a.model, seed)
     t0 = time.perf_counter()
-    toks, logits, recs = decode_alone(m, a.prompt, a.steps, get_backend(a.sim, config=cfg), a.window, a.sinks,
-                                      lat, cfg)
+    backend = get_backend(a.sim, config=cfg, **backend_options(a))
+    toks, logits, recs = decode_alone(m, a.prompt, a.steps, backend, a.window, a.sinks, lat, cfg)
     w = "none" if a.window is None else str(a.window)
     print(f"GA-2 decode of a prompt alone: {a.model} model (seed {seed}), prompt {','.join(map(str, a.prompt))}, "
           f"{a.steps} tokens generated, window {w}, sinks {a.sinks}, simulator {a.sim}, chip {cfg.spec()} "
@@ -454,6 +465,7 @@ def run_prompt_decode(a, out=None) -> dict:
             ctx, tok = ("kv", "-") if r["tok"] is None else (r["ctx"], r["tok"])
             print(f"{r['L']:5d} {ctx:>4} {tok:>4} {r['counters'][0]:8d}", file=out)
     print(f"total cycles {total} over {len(recs)} rows ({time.perf_counter() - t0:.1f} s)", file=out)
+    link_report(backend, out)
     return {"prompt": list(a.prompt), "steps": a.steps, "window": a.window, "sinks": a.sinks, "model": a.model,
             "seed": seed, "sim": a.sim, "chip": cfg.spec(), "lat": lat,
             "tokens": list(a.prompt) + toks, "logits_int": logits, "calibration": "universal",

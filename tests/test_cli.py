@@ -118,6 +118,7 @@ def _bad_values(tmp_path):
         "formal": ["--no-such-value-test", "x"],
         "sweep": ["--out", str(tmp_path / "s"), "--configs", "array=3"],
         "serve": ["--max-batch", "0"],
+        "board-sim": ["--faults", "flip:2"],
     }
 
 
@@ -165,7 +166,8 @@ def test_usage_error_names_option_and_value(capsys):
     assert _one_error_line(capsys) == "error: --start must be within 0..15, got 16"
     with pytest.raises(SystemExit):
         decode.main(["--sim", "spice"])
-    assert _one_error_line(capsys) == "error: --sim must be one of reference, amaranth, verilator, got 'spice'"
+    assert _one_error_line(capsys) == ("error: --sim must be one of reference, amaranth, verilator, board, got "
+                                       "'spice'")
 
 
 def test_agreement_steps_beyond_the_chip_is_one_line():

@@ -212,6 +212,7 @@ BACKENDS = {
     "reference": "sim.backends.reference:ReferenceMachine",
     "amaranth": "sim.backends.amaranth_backend:AmaranthBackend",
     "verilator": "sim.backends.verilator_backend:VerilatorBackend",
+    "board": "sim.backends.board_backend:BoardBackend",     # a board (or ga2 board-sim) on a serial port
 }
 
 

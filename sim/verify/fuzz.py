@@ -16,7 +16,8 @@ import time
 from hdl.isa import describe, halt
 
 from sim.backends import MAX_CYCLES, Backend, RunResult, SimError, first_difference, get_backend
-from sim.cli import Parser, UsageError, chip_option, guarded, int_range, sim_option
+from sim.cli import (Parser, UsageError, backend_options, board_options, chip_option, guarded, int_range,
+                     link_report, sim_option)
 
 __all__ = ["fuzz", "locate", "run_batch", "CheckedBackend", "fuzz_task", "fuzz_on_cluster", "build_parser", "main"]
 
@@ -200,6 +201,22 @@ too short, whose error stop (kind, pc, info) is compared too.
 """
 
 
+def board_configs(chip, ext=None, lat=None) -> tuple:
+    """The (EXT, LAT) pairs of the mix that a board of `chip` takes (EXT within its external memory, LAT
+    within `hdl.hostlink.MAX_BOARD_LAT`, and only the chip's own LAT on a gather chip), with `ext`/`lat`
+    pinned when given; a `UsageError` naming the limit when none is left."""
+    from hdl.hostlink import MAX_BOARD_LAT
+    max_lat = chip.lat if chip.gather else MAX_BOARD_LAT
+    pairs = [(e, l) for e, l in mix_configs(ext, lat)
+             if e <= chip.ext_words and l <= max_lat and (not chip.gather or l == chip.lat)]
+    if not pairs:
+        lats = f"--lat {chip.lat}" if chip.gather else f"--lat 1..{max_lat}"
+        raise UsageError(f"--sim board: none of the mix's (EXT, LAT) pairs fits the board of --chip {chip.spec()} "
+                         f"(external memory {chip.ext_words} words, LAT {'only ' + str(chip.lat) if chip.gather else '1..' + str(max_lat)}): "
+                         f"pin --ext 1536..{chip.ext_words} and {lats}")
+    return tuple(pairs)
+
+
 MAX_COUNT = 1_000_000        # programs per run; in chunks of 100 with a progress line per chunk
 TASK_PROGRAMS = 25           # programs per cluster task: a few seconds on Verilator across the mix
 
@@ -257,7 +274,9 @@ def build_parser() -> Parser:
                "command that reruns that program alone.\n\n" + MIX_HELP,
                "python -m sim.fuzz --sim verilator --count 200 --seed 7\n"
                "python -m sim.fuzz --sim amaranth --count 20 --ext 2048 --lat 8 --budget 20000")
-    sim_option(p, "verilator", help="the simulator to check: amaranth or verilator")
+    sim_option(p, "verilator", help="the simulator to check: amaranth, verilator or a board (--port; with "
+                                    "the (EXT, LAT) pairs of the mix the board takes)")
+    board_options(p)
     chip_option(p, help="the chip both simulators model (the programs are drawn for the book's limits)")
     p.add_argument("--count", type=int_range(1, MAX_COUNT), default=200, metavar="N",
                    help=f"programs to run, 1..{MAX_COUNT:,}")
@@ -281,6 +300,12 @@ def main(argv=None) -> int:
     if a.sim == "reference":
         raise UsageError("--sim reference would compare the reference machine with itself: "
                          "choose amaranth or verilator")
+    options = backend_options(a)
+    configs = None
+    if a.sim == "board":
+        if a.cluster is not None:
+            raise UsageError("--sim board runs on the one board of --port: not with --cluster")
+        configs = board_configs(a.chip, a.ext, a.lat)
     from hdl.config import BOOK
     smaller = [f"{k}={getattr(a.chip, k)}" for k in ("spad_depth", "array", "row_depth", "rom_words")
                if getattr(a.chip, k) < getattr(BOOK, k)]
@@ -291,10 +316,11 @@ def main(argv=None) -> int:
     if a.cluster is not None:
         s = fuzz_on_cluster(a)
     else:
-        backend = get_backend(a.sim, config=a.chip)
+        backend = get_backend(a.sim, config=a.chip, **options)
         reference = get_backend("reference", check=False, config=a.chip)
         s = fuzz(backend, reference, a.count, a.seed, a.ext, a.lat, first=a.first, budget=a.budget,
-                 progress=sys.stderr if a.count > 100 else None)
+                 progress=sys.stderr if a.count > 100 else None, configs=configs)
+        link_report(backend)
     status = "PASS" if s["failures"] == 0 else "FAIL"
     pairs = sorted(s["configs"])
     chips = (f"EXT {pairs[0][0]}, LAT {pairs[0][1]}" if len(pairs) == 1 else
