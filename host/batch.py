@@ -225,16 +225,29 @@ class BatchRunner:
         self.ranges = universal_ranges(m)
         self._key = (_model_key(m), config.key())
         self.progs: dict = {}
+        self.unfit: dict = {}           # context tuple -> why its program does not fit the chip
 
     def program(self, ctxs):
-        """The program of the canonical (descending) context tuple `ctxs`."""
+        """The program of the canonical (descending) context tuple `ctxs`; CompileError if the chip cannot
+        run it (remembered: the engine asks again for every step it forms)."""
         ctxs = tuple(ctxs)
         if ctxs not in self.progs:
-            key = self._key + (ctxs,)
-            if key not in _PROGRAMS:
-                _PROGRAMS[key] = batch_program(self.m, ctxs, self.ranges, self.config)
-            self.progs[ctxs] = _PROGRAMS[key]
+            self.progs[ctxs] = self.check(ctxs)
         return self.progs[ctxs]
+
+    def check(self, ctxs):
+        """The program of `ctxs` like `program`, not counted among this runner's programs (`progs`)."""
+        ctxs = tuple(ctxs)
+        if ctxs in self.unfit:
+            raise CompileError(self.unfit[ctxs])
+        key = self._key + (ctxs,)
+        if key not in _PROGRAMS:
+            try:
+                _PROGRAMS[key] = batch_program(self.m, ctxs, self.ranges, self.config)
+            except CompileError as exc:
+                self.unfit[ctxs] = str(exc)
+                raise
+        return _PROGRAMS[key]
 
     def run(self, rows):
         """Run one batch. `rows` is a list of ``(token, kc, vc)`` (kc/vc: the gathered cache rows, lists of

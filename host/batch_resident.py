@@ -104,6 +104,7 @@ class ResidentBatchRunner:
                                           staging=staging, k_base=k_base, v_base=v_base, ext_needed=need)
         self.max_batch = B
         self.progs: dict = {}
+        self.unfit: dict = {}           # program key -> why the chip cannot run it
         self._key = (_model_key(m), config.key())
         first = self._compile((1,), [(0, 1, [], 0)])
         load = compile_load(self.layout, first)
@@ -213,12 +214,9 @@ class ResidentBatchRunner:
         r = self._run(compile_page_copy(lay, rows), {lay.table_ext: old, lay.table_ext + 1: new}, "a page copy")
         return [int(c) for c in r.counters]
 
-    def run(self, rows):
-        """`rows`: list of ``(token, table, gathered, new_row)``: the row's block table (pages, None for a
-        hole), the relative row ranges it attends (None for a cache-only row, see
-        `host.batch.build_batch_graph`) and the relative row its new k/v goes to. Returns
-        ``(results, counters, program)`` like `host.batch.BatchRunner.run` (``k``/``v`` are None: the rows
-        stay in the pools)."""
+    def program_for(self, rows):
+        """The program of a batch of `rows` (as `run` takes them; only the tables' lengths matter) and the
+        rows' canonical order: ``(program, order)``. CompileError if the chip cannot run it (remembered)."""
         ctx_of = [0 if r[2] is None else 1 + sum(hi - lo for lo, hi in r[2]) for r in rows]
         order = sorted(range(len(rows)), key=lambda i: -ctx_of[i])
         ctxs = tuple(ctx_of[i] for i in order)
@@ -230,9 +228,24 @@ class ResidentBatchRunner:
             specs.append((off, len(table), list(gathered or ()), new_row))
             off += len(table)
         key = (ctxs, tuple((s[1], tuple(s[2]), s[3]) for s in specs))
+        if key in self.unfit:
+            raise CompileError(self.unfit[key])
         if key not in self.progs:
-            self.progs[key] = self._compile(ctxs, specs)
-        P = self.progs[key]
+            try:
+                self.progs[key] = self._compile(ctxs, specs)
+            except CompileError as exc:
+                self.unfit[key] = str(exc)
+                raise
+        return self.progs[key], order
+
+    def run(self, rows):
+        """`rows`: list of ``(token, table, gathered, new_row)``: the row's block table (pages, None for a
+        hole), the relative row ranges it attends (None for a cache-only row, see
+        `host.batch.build_batch_graph`) and the relative row its new k/v goes to. Returns
+        ``(results, counters, program)`` like `host.batch.BatchRunner.run` (``k``/``v`` are None: the rows
+        stay in the pools)."""
+        P, order = self.program_for(rows)
+        ctxs = tuple(0 if rows[i][2] is None else 1 + sum(hi - lo for lo, hi in rows[i][2]) for i in order)
         lay = self.layout
         xs = P.graph.nodes[P.ext_map["x"].node]
         q = _quantize_row([v for i in order for v in self.m["E"][rows[i][0]]], P.scales[xs.id])

@@ -43,7 +43,7 @@ from host.tiny_lm import V
 from host.window import check_sinks, check_window, sink_context, sink_ranges, trim_point
 
 __all__ = ["Request", "Engine", "EngineError", "decode_alone", "check_invariants", "pages_alone",
-           "kept_pages", "PREFILLS"]
+           "kept_pages", "table_alone", "PREFILLS"]
 
 # how prompt rows before the prompt's last token run: only their cache row, or the whole model
 PREFILLS = ("cache", "full")
@@ -96,10 +96,14 @@ def _kept_rows(n: int, W, S: int) -> list:
 
 
 def kept_pages(n: int, W, S: int, page: int) -> int:
-    """Pages covering the rows a request with n cached rows keeps (the most it may hold between steps)."""
+    """Pages a request with n cached rows may hold between steps: those covering the rows it keeps (sinks and
+    window) and the partly filled page its next row n goes into (with a window of 1 no row is kept, but
+    that page is)."""
     pages = set()
     for lo, hi in _kept_rows(n, W, S):
         pages.update(range(lo // page, (hi - 1) // page + 1))
+    if n % page:
+        pages.add(n // page)
     return len(pages)
 
 
@@ -112,6 +116,17 @@ def pages_alone(rows: int, W, S: int, page: int) -> int:
             held.update(range(lo // page, (hi - 1) // page + 1))
         need = max(need, len(held))
     return need
+
+
+def table_alone(rows: int, W, S: int, page: int) -> int:
+    """The longest block table (pages from the first one held to the last, holes included) a request of
+    `rows` rows has alone: what resident mode writes into the chip's mailbox for its row."""
+    longest = 0
+    for L in range(1, rows + 1):
+        # step L writes row L-1; without sinks the pages before the previous step's trim point are gone
+        first = 0 if S or L == 1 else trim_point(L - 1, W) // page
+        longest = max(longest, (L - 1) // page + 1 - first)
+    return longest
 
 
 def _hash(parent: str, toks, W, S) -> str:
@@ -200,33 +215,59 @@ class Engine:
         self.cache: dict = {}          # hash -> (page, parent hash, tokens)
         self.children: dict = {}       # parent hash -> set of hashes
         self.page_hash: dict = {}      # cached page -> hash
-        self.lru: dict = {}            # cached page -> last use (engine step)
+        self.lru: dict = {}            # cached page -> recency stamp, given when its last reference goes
+        self.tick = 0                  # the stamps' counter: never reset (the cache outlives `run`)
         self.trace: list = []          # per step: rows, cycles, pages
 
     # ---- pool --------------------------------------------------------------------------------------
+    @property
+    def root(self) -> str:
+        """The parent hash of a request's first page: the window and the sinks name the whole chain."""
+        return _hash("", (), self.W, self.S)
+
     def evictable(self) -> list:
-        """Cached pages no request references, least recently used first."""
-        return sorted((p for p in self.page_hash if self.pt.refcount(p) == 0), key=lambda p: (self.lru[p], p))
+        """Cached pages no request references, in the order they are evicted: first the least recently
+        used page with no cached child (a chain loses its tail before its head, so every cached page stays
+        reachable by `_match`), then the other ones least recently used first."""
+        free = sorted((p for p in self.page_hash if self.pt.refcount(p) == 0), key=lambda p: (self.lru[p], p))
+        leaves = [p for p in free if not self.children.get(self.page_hash[p])]
+        return leaves + [p for p in free if self.children.get(self.page_hash[p])]
+
+    def n_evictable(self) -> int:
+        return sum(1 for p in self.page_hash if self.pt.refcount(p) == 0)
 
     def available(self) -> int:
-        return len(self.pt.free_pages()) + len(self.evictable())
+        """Pages an append may take: the free ones and the cached ones nobody references."""
+        return self.pt.free_count() + self.n_evictable()
 
     def owned(self) -> int:
         """Pages referenced by at least one request."""
-        return sum(1 for p in range(self.n_pages) if self.pt.refcount(p) > 0)
+        return self.pt.referenced()
 
     def _evict(self, p) -> None:
+        """Forget cached page `p` and every page cached after it in its chain (they could no longer be
+        matched); a forgotten page a request still holds is freed when it lets go."""
         h = self.page_hash.pop(p)
         _, parent, _ = self.cache.pop(h)
-        self.children[parent].discard(h)
-        del self.lru[p]
+        self.children.get(parent, set()).discard(h)
+        if not self.children.get(parent, True):
+            del self.children[parent]
+        self.lru.pop(p, None)
         self.pt.evict(p)
+        for c in sorted(self.children.pop(h, ())):
+            self._evict(self.cache[c][0])
+
+    def clear_cache(self) -> None:
+        """Evict every cached page."""
+        while self.page_hash:
+            self._evict(min(self.page_hash))
 
     def _make_free(self, n: int) -> None:
-        for p in self.evictable():
-            if len(self.pt.free_pages()) >= n:
+        while self.pt.free_count() < n:
+            order = self.evictable()
+            if not order:
                 break
-            self._evict(p)
+            self._evict(order[0])
 
     def _needs_page(self, s: _State) -> int:
         if self.alloc == "contiguous":
@@ -234,20 +275,35 @@ class Engine:
         if s.pos % self.page == 0:
             return 1
         tail = self.pt.table(s.req.id)[-1]
-        return int(self.pt.refcount(tail) > 1 or tail in self.pt.retained())
+        return int(self.pt.refcount(tail) > 1 or self.pt.is_retained(tail))
+
+    def _letting_go(self, s: _State, op, *args) -> None:
+        """Run the page-table operation `op` of request `s` (release, punch, append); stamp the cached pages
+        it leaves without any reference, its last page first (vLLM's free-block queue: a request's tail is
+        older than its head). A page a later request adopts (a prefix hit) is stamped again when that one
+        lets go: every hit refreshes its pages."""
+        rid = s.req.id
+        before = self.pt.table(rid)
+        op(rid, *args)
+        after = set(self.pt.table(rid)) if rid in self.pt.requests() else set()
+        for p in reversed(before):
+            if p is not None and p not in after and p in self.page_hash and self.pt.refcount(p) == 0:
+                self.tick += 1
+                self.lru[p] = self.tick
 
     def _release_behind(self, s: _State) -> None:
         if s.pos == 0:
             return
         tp = trim_point(s.pos, self.W)
         if tp > self.S:
-            self.pt.punch(s.req.id, min(self.S, tp), tp)
+            self._letting_go(s, self.pt.punch, min(self.S, tp), tp)
 
     # ---- prefix cache ------------------------------------------------------------------------------
     def _match(self, toks) -> tuple:
         """The cached pages `toks` begins with (leaving its last token to compute) and the rows they hold."""
         P, limit = self.page, len(toks) - 1
-        pages, parent, n = [], "", 0
+        parent = self.root
+        pages, n = [], 0
         while n + P <= limit:
             h = _hash(parent, toks[n:n + P], self.W, self.S)
             if h not in self.cache:
@@ -268,11 +324,12 @@ class Engine:
         return pages, n
 
     def _cache_page(self, s: _State, j: int) -> None:
-        parent = s.hashes[j - 1] if j else ""
+        parent = s.hashes[j - 1] if j else self.root
         toks = tuple(s.tokens[j * self.page:(j + 1) * self.page])
         h = _hash(parent, toks, self.W, self.S)
         s.hashes.append(h)
-        if not self.prefix_cache or h in self.cache:
+        # a page is cached only under a cached parent (its chain's head may have been evicted meanwhile)
+        if not self.prefix_cache or h in self.cache or (j and parent not in self.cache):
             return
         p = self.pt.table(s.req.id)[j - self.pt.dropped(s.req.id)]
         if p is None or p in self.page_hash:
@@ -281,7 +338,6 @@ class Engine:
         self.cache[h] = (p, parent, toks)
         self.children.setdefault(parent, set()).add(h)
         self.page_hash[p] = h
-        self.lru[p] = self.step_no
 
     # ---- the loop ----------------------------------------------------------------------------------
     def _refusal(self, s: _State):
@@ -297,6 +353,16 @@ class Engine:
         if need > self.n_pages:
             return (f"request {s.req.id} can never fit: {rows} rows need {need} pages of {self.page} rows "
                     f"alone and the pool has {self.n_pages}")
+        if self.mode == "resident":
+            cap, n = self.runner.layout.table_cap, table_alone(rows, self.W, self.S, self.page)
+            if n > cap:
+                return (f"request {s.req.id} can never fit: its block table reaches {n} pages and the chip's "
+                        f"mailbox holds {cap}")
+        else:
+            try:
+                self.runner.check((ctx,))
+            except CompileError as exc:
+                return f"request {s.req.id} can never fit: one row at context {ctx} does not fit the chip ({exc})"
         return None
 
     def _admit(self, s: _State) -> bool:
@@ -317,9 +383,8 @@ class Engine:
                     return False
                 pages, n = [], 0
             if pages:
+                # the adopted pages leave the evictable ones; they are stamped again when this request lets go
                 self.pt.adopt(s.req.id, pages, n)
-                for p in pages:
-                    self.lru[p] = self.step_no
                 s.hashes = [self.page_hash[p] for p in pages[:n // self.page]]
                 s.hit_rows += n
                 self.hit_rows += n
@@ -334,7 +399,7 @@ class Engine:
 
     def _preempt(self, s: _State) -> None:
         self.running.remove(s)
-        self.pt.release(s.req.id)
+        self._letting_go(s, self.pt.release)
         s.pos, s.hashes, s.order = 0, [], -1
         s.preempted += 1
         self.preemptions += 1
@@ -342,7 +407,8 @@ class Engine:
         self.waiting.sort(key=lambda t: (t.req.arrival, t.req.id))
 
     def run(self, requests, progress=None) -> dict:
-        """Serve `requests` (a list of `Request`) to the end; returns the results (see `sim.serve`)."""
+        """Serve `requests` (a list of `Request`) to the end; returns the results (see `sim.serve`). The
+        prefix cache and its recency order carry over to the next call."""
         reqs = list(requests)
         for r in reqs:
             _check_request(r)
@@ -355,20 +421,6 @@ class Engine:
         self.waiting, self.running, self.done = [], [], []
         self.counter = self.preemptions = self.hit_rows = 0
         self.clock, self.step_no, self.trace = 0, 0, []
-        # the largest batch any step may form must fit the chip: refused now, before any work (in resident
-        # mode each step's program is compiled when it comes; a failure is one EngineError)
-        ctx_max = 1
-        for s in pending:
-            if self._refusal(s) is None:
-                rows = len(s.req.prompt) + s.req.gen - 1
-                ctx_max = max(ctx_max, max(sink_context(L, self.W, self.S) for L in range(1, rows + 1)))
-        B = min(self.max_batch, len(reqs) or 1)
-        try:
-            if self.mode == "book":
-                self.runner.program((ctx_max,) * B)
-        except CompileError as exc:
-            raise EngineError(f"a batch of {B} rows at context {ctx_max} does not fit the chip ({exc}): lower "
-                              f"the batch size or the window") from None
         total = len(pending)
         while pending or self.waiting or self.running:
             while pending and pending[0].req.arrival <= self.step_no:
@@ -384,7 +436,8 @@ class Engine:
             if not self.running:
                 if self.waiting and not pending:
                     raise EngineError(f"request {self.waiting[0].req.id} cannot be admitted into an empty pool")
-                self.step_no += 1
+                # nothing changes until the next arrival: go there at once
+                self.step_no = pending[0].req.arrival if pending else self.step_no + 1
                 continue
             self._step()
             if self.check:
@@ -394,15 +447,54 @@ class Engine:
             self.step_no += 1
         return self._results(states)
 
-    def _step(self) -> None:
-        def cache_only(s):
-            # a prompt row before the prompt's last token: nobody reads its logits, only its cache row
-            return self.prefill == "cache" and s.pos < len(s.req.prompt) - 1
+    # ---- one step ----------------------------------------------------------------------------------
+    def _cache_only(self, s: _State) -> bool:
+        # a prompt row before the prompt's last token: nobody reads its logits, only its cache row
+        return self.prefill == "cache" and s.pos < len(s.req.prompt) - 1
 
+    def _candidates(self) -> list:
+        """The rows of the next step in order: decode rows first, then prompt rows, each by admission."""
         decode = [s for s in self.running if s.pos == len(s.tokens) - 1 and s.pos >= len(s.req.prompt)]
         prompt = [s for s in self.running if s not in decode]
-        batch = (sorted(decode, key=lambda s: s.order) + sorted(prompt, key=lambda s: s.order))[:self.max_batch]
+        return (sorted(decode, key=lambda s: s.order) + sorted(prompt, key=lambda s: s.order))[:self.max_batch]
+
+    def _shape(self, s: _State):
+        """What of row `s` decides its batch's program: its context (0: cache-only) and, in resident mode,
+        the length of its block table after this step's append, the row ranges it gathers and its new row
+        (relative to the first row held)."""
+        ctx = 0 if self._cache_only(s) else sink_context(s.pos + 1, self.W, self.S)
+        if self.mode == "book":
+            return ctx
+        first = self.pt.first_row(s.req.id)
+        n = len(self.pt.table(s.req.id)) + (s.pos % self.page == 0)
+        gathered = None if ctx == 0 else [(lo - first, hi - first) for lo, hi in sink_ranges(s.pos + 1, self.W, self.S)]
+        return ctx, n, gathered, s.pos - first
+
+    def _fits(self, batch) -> bool:
+        shapes = [self._shape(s) for s in batch]
+        try:
+            if self.mode == "book":
+                self.runner.check(tuple(sorted(shapes, reverse=True)))
+            else:
+                # the mailbox holds the block tables of all the batch's rows: a budget, not a limit to hit
+                if sum(sh[1] for sh in shapes) > self.runner.layout.table_cap:
+                    return False
+                self.runner.program_for([(0, [0] * n, g, new) for _, n, g, new in shapes])
+        except CompileError:
+            return False
+        return True
+
+    def _fit(self, batch) -> list:
+        """The longest head of `batch` the chip takes as one program (its ROM, scratchpad and external memory;
+        in resident mode also the mailbox's block tables): the rows after it wait for a later step."""
+        for k in range(len(batch), 0, -1):
+            if self._fits(batch[:k]):
+                return batch[:k]
+        raise EngineError(f"step {self.step_no}: the row of request {batch[0].req.id} alone does not fit the chip")
+
+    def _step(self) -> None:
         while True:
+            batch = self._fit(self._candidates())
             need = sum(self._needs_page(s) for s in batch)
             if need <= self.available():
                 break
@@ -410,8 +502,6 @@ class Engine:
             if len(self.running) == 1:
                 raise EngineError(f"request {victim.req.id} alone needs more pages than the pool has")
             self._preempt(victim)
-            if victim in batch:
-                batch.remove(victim)
         self._make_free(need)
         rows = []
         extra = 0                       # cycles of chip-side page copies (resident mode)
@@ -420,17 +510,17 @@ class Engine:
                 # the new row's slot first (a page, or the copy of a shared partly filled one); the step
                 # program GATHERs the attended rows and SCATTERs the new one through the block table
                 before, off = self.pt.table(s.req.id), s.pos % self.page
-                self.pt.append(s.req.id, None)
+                self._letting_go(s, self.pt.append, None)
                 after = self.pt.table(s.req.id)
                 if off and before[-1] != after[-1]:
                     extra += self.runner.copy_page(before[-1], after[-1], off)[0]
                 first = self.pt.first_row(s.req.id)
                 rows.append((s.tokens[s.pos], list(after),
-                             None if cache_only(s) else
+                             None if self._cache_only(s) else
                              [(lo - first, hi - first) for lo, hi in sink_ranges(s.pos + 1, self.W, self.S)],
                              s.pos - first))
                 continue
-            if cache_only(s):
+            if self._cache_only(s):
                 rows.append((s.tokens[s.pos], None, None))
                 continue
             kc, vc = [], []
@@ -446,7 +536,7 @@ class Engine:
         self.clock += counters[0] + extra
         for s, res in zip(batch, results):
             if self.mode == "book":
-                self.pt.append(s.req.id, (res["k"], res["v"]))
+                self._letting_go(s, self.pt.append, (res["k"], res["v"]))
             s.computed_rows += 1
             s.prompt_rows += s.pos < len(s.req.prompt)
             if s.pos >= len(s.req.prompt) - 1:
@@ -470,7 +560,7 @@ class Engine:
             if s.done:
                 s.finish_cycles = self.clock
                 self.running.remove(s)
-                self.pt.release(s.req.id)
+                self._letting_go(s, self.pt.release)
                 self.done.append(s)
         if self.alloc == "contiguous":
             used = len(self.running) * -(-self.contig_rows // self.page)
@@ -501,25 +591,49 @@ class Engine:
 def check_invariants(e: Engine) -> None:
     """Raise EngineError unless the pool is consistent: every page free, cached or owned (exactly one of
     free and not free); reference counts equal the block-table references; the cache maps each cached page
-    once; every running request holds exactly the pages its kept rows need."""
+    once, every cached page's parent is cached (no page is left that no lookup reaches) and every evictable
+    page has its recency stamp; every running request holds no more pages than its kept rows and the
+    page its next row goes into need.
+
+    The cost is that of the pages the requests and the cache hold, plus a few whole-pool operations done in
+    C (a set of the free list, the reference counts' sum): a pool of 2^20 pages is checked every step."""
     pt = e.pt
     free = pt.free_pages()
-    if len(set(free)) != len(free):
-        raise EngineError(f"the free list holds a page twice: {free}")
-    refs = [0] * e.n_pages
+    free_set = set(free)
+    if len(free_set) != len(free):
+        seen = set()
+        twice = next(p for p in free if p in seen or seen.add(p))
+        raise EngineError(f"the free list holds a page twice: page {twice}")
+    refs: dict = {}
     for rid in pt.requests():
         for p in pt.table(rid):
             if p is not None:
-                refs[p] += 1
+                refs[p] = refs.get(p, 0) + 1
+    counts = pt.refcounts()
+    for p, n in refs.items():
+        if counts[p] != n:
+            raise EngineError(f"page {p}: reference count {counts[p]}, block tables name it {n} times")
+    if sum(counts) != sum(refs.values()):
+        p = next(p for p, c in enumerate(counts) if c and p not in refs)
+        raise EngineError(f"page {p}: reference count {counts[p]}, block tables name it 0 times")
     retained = pt.retained()
-    for p in range(e.n_pages):
-        if refs[p] != pt.refcount(p):
-            raise EngineError(f"page {p}: reference count {pt.refcount(p)}, block tables name it {refs[p]} times")
-        is_free = p in free
-        if is_free == (refs[p] > 0 or p in retained):
-            raise EngineError(f"page {p} is {'free and' if is_free else 'neither free nor'} cached or owned")
+    held = retained | set(refs)
+    for p in held:
+        if p in free_set:
+            raise EngineError(f"page {p} is free and cached or owned")
+    if len(free) + len(held) != e.n_pages:
+        p = next(p for p in range(e.n_pages) if p not in free_set and p not in held)
+        raise EngineError(f"page {p} is neither free nor cached or owned")
     if set(e.page_hash) != set(retained) or len(e.cache) != len(e.page_hash):
         raise EngineError("the prefix cache and the page table disagree on the cached pages")
+    root = e.root
+    for h, (p, parent, _) in e.cache.items():
+        if e.page_hash.get(p) != h or h not in e.children.get(parent, ()):
+            raise EngineError(f"cached page {p}: its hash, its parent's children and the cache disagree")
+        if parent != root and parent not in e.cache:
+            raise EngineError(f"cached page {p}: its parent page is not cached (no lookup can reach it)")
+        if p not in refs and p not in e.lru:
+            raise EngineError(f"cached page {p} is evictable but has no recency stamp")
     live = {s.req.id for s in e.running}
     if set(pt.requests()) != live:
         raise EngineError(f"block tables {sorted(pt.requests())} for running requests {sorted(live)}")

@@ -115,8 +115,24 @@ class PageTable:
         return tuple(self._free)
 
     def used(self) -> int:
-        """Pages held by at least one request."""
+        """Pages not on the free list (held by a request, or cached)."""
         return self._n_pages - len(self._free)
+
+    def free_count(self) -> int:
+        """Pages on the free list (no copy of it is made)."""
+        return len(self._free)
+
+    def refcounts(self) -> tuple[int, ...]:
+        """The reference count of every page, in page order."""
+        return tuple(self._ref)
+
+    def referenced(self) -> int:
+        """Pages named by at least one block table."""
+        return self._n_pages - self._ref.count(0)
+
+    def is_retained(self, p: int) -> bool:
+        """Whether page ``p`` is cached (`retain`)."""
+        return p in self._retained
 
     # ---- operations --------------------------------------------------------------------------------
     def new(self, rid) -> None:

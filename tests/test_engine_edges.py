@@ -1,0 +1,265 @@
+"""The serving engine at its edges (issue 21): one regression test per bug of the audit, and the tests of
+each policy that no equality test could see (copy-on-write of a cached page, the prefix hash's parent,
+window and sinks, the admission watermark, LRU order and refresh, the recompute self-check). Reference
+machine, small traces: seconds in all."""
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from host import tiny_lm as T
+from host.batch import BatchRunner
+from host.engine import Engine, EngineError, Request, _hash, check_invariants, decode_alone, kept_pages
+from host.pagetable import PageTable
+from sim.backends.reference import ReferenceMachine
+
+M = T.make_model("structured", 1)
+MR = T.make_model("random", 2)
+
+
+def _equal_alone(m, res, W, S, config=None):
+    runner = BatchRunner(m, ReferenceMachine()) if config is None else BatchRunner(m, ReferenceMachine(config=config),
+                                                                                   config.lat, config)
+    served = [r for r in res["requests"] if "refused" not in r]
+    for r in served:
+        toks, logits, _ = decode_alone(m, r["prompt"], r["gen"], None, W, S, runner=runner)
+        assert (toks, logits) == (r["tokens"], r["logits_int"]), r["id"]
+    return len(served)
+
+
+def _hits(res):
+    return {r["id"]: r["prefix_hit_rows"] for r in res["requests"]}
+
+
+def _end_clean(e):
+    assert e.pt.requests() == () and e.owned() == 0
+    e.clear_cache()
+    assert len(e.pt.free_pages()) == e.n_pages
+
+
+# ---- part 1: the bugs ------------------------------------------------------------------------------------
+
+@pytest.mark.timeout(60)
+def test_window_one_keeps_the_partly_filled_page_the_next_row_goes_into():
+    # W = 1: a row attends only itself, so no row is kept for the next step, but the page the next row is
+    # written into is (it holds earlier rows too): the invariant allowed 0 pages and stopped the engine
+    assert kept_pages(1, 1, 0, 2) == 1          # row 1 goes into page 0, beside row 0
+    assert kept_pages(2, 1, 0, 2) == 0          # row 2 starts a new page
+    assert kept_pages(5, 1, 1, 4) == 2          # the sink's page and page 1 (row 4 in it, row 5 next)
+    assert kept_pages(4, 1, 1, 4) == 1
+    reqs = [Request(0, [3, 1, 4], 3), Request(1, [5], 4), Request(2, [9, 2, 6, 5, 3], 2, 1)]
+    for S in (0, 1):
+        e = Engine(M, ReferenceMachine(), max_batch=3, window=1, sinks=S, page=2, n_pages=8)
+        res = e.run(reqs)
+        assert _equal_alone(M, res, 1, S) == 3
+        _end_clean(e)
+
+
+@pytest.mark.timeout(60)
+def test_an_idle_engine_jumps_to_the_next_arrival():
+    # a request arriving 10^12 steps later is served at once, with the times of a request alone
+    reqs = [Request(0, [3, 1], 2, 0), Request(1, [4, 1], 2, 10 ** 12)]
+    e = Engine(M, ReferenceMachine(), max_batch=2, window=4, page=2, n_pages=8)
+    res = e.run(reqs)
+    assert [s["step"] for s in res["steps"]] == [0, 1, 2, 10 ** 12, 10 ** 12 + 1, 10 ** 12 + 2]
+    a, b = res["requests"]
+    assert (a["ttft_cycles"], a["finish_cycles"]) == (b["ttft_cycles"], b["finish_cycles"])
+    assert _equal_alone(M, res, 4, 0) == 2
+
+
+@pytest.mark.timeout(60)
+def test_the_invariants_on_a_pool_of_a_million_pages_cost_what_the_requests_touch():
+    e = Engine(M, ReferenceMachine(), max_batch=2, window=4, page=1, n_pages=1 << 20)
+    t0 = time.perf_counter()
+    res = e.run([Request(0, [3, 1, 4], 3), Request(1, [5, 9], 4)])
+    assert time.perf_counter() - t0 < 30             # quadratic in the pool: days
+    assert _equal_alone(M, res, 4, 0) == 2
+    assert e.owned() == 0
+
+
+def _two_chains_and_a_stranger(page=2):
+    P = [3, 1, 4, 1, 5, 9, 2]                   # three full pages of 2 rows and a last row
+    Q = [8, 8, 0, 7, 6, 10, 12, 11]             # four full pages, nothing shared with P
+    return P, Q
+
+
+@pytest.mark.timeout(60)
+def test_lru_evicts_the_tail_of_a_cached_chain_before_its_head():
+    # A fills three cached pages; B needs one of them back; C repeats A's prompt. Evicting A's first page
+    # (the oldest one filled) would leave two cached pages no lookup can reach and C with no hit at all;
+    # evicting the tail leaves C the first two pages
+    P, Q = _two_chains_and_a_stranger()
+    reqs = [Request(0, P, 1, 0), Request(1, Q, 1, 10), Request(2, P, 1, 20)]
+    e = Engine(M, ReferenceMachine(), max_batch=2, window=None, page=2, n_pages=6)
+    res = e.run(reqs)
+    assert _hits(res) == {0: 0, 1: 0, 2: 4}
+    assert _equal_alone(M, res, None, 0) == 3
+    _end_clean(e)
+
+
+@pytest.mark.timeout(60)
+def test_a_prefix_hit_refreshes_the_recency_of_the_pages_it_reuses():
+    # A (prompt P) then B (prompt Q) are cached; C repeats P, so P's pages were used after Q's; D needs a
+    # page: one of Q's goes, not one of P's, and E repeating P hits both of P's pages
+    P, Q, R = [3, 1, 4, 1, 5], [8, 8, 0, 7, 6], [11, 13, 12, 2, 10]
+    reqs = [Request(0, P, 1, 0), Request(1, Q, 1, 6), Request(2, P, 1, 12), Request(3, R, 1, 14),
+            Request(4, P, 1, 20), Request(5, Q, 1, 26)]
+    e = Engine(M, ReferenceMachine(), max_batch=2, window=None, page=2, n_pages=6)
+    res = e.run(reqs)
+    assert _hits(res) == {0: 0, 1: 0, 2: 4, 3: 0, 4: 4, 5: 2}
+    assert _equal_alone(M, res, None, 0) == 6
+
+
+@pytest.mark.timeout(60)
+def test_a_second_run_keeps_the_recency_order_of_the_first():
+    # the cache outlives Engine.run: pages cached by the first run are older than any of the second's,
+    # although the second run counts its steps from 0 again
+    P, Q, R = [3, 1, 4, 1, 5], [8, 8, 0, 7, 6], [11, 13, 12, 2, 10]
+    e = Engine(M, ReferenceMachine(), max_batch=2, window=None, page=2, n_pages=6)
+    first = e.run([Request(0, P, 1, 10)])
+    assert _hits(first) == {0: 0}
+    second = e.run([Request(1, Q, 1, 0), Request(2, R, 1, 6), Request(3, Q, 1, 12), Request(4, P, 1, 18)])
+    # R's third page evicts P's tail (the oldest), not Q's head; Q is then found whole, P in part
+    assert _hits(second) == {1: 0, 2: 0, 3: 4, 4: 2}
+    assert _equal_alone(M, second, None, 0) == 4
+    _end_clean(e)
+
+
+LONG = [(7 * i + 3) % 16 for i in range(62)]
+
+
+@pytest.mark.timeout(120)
+def test_book_mode_serves_what_fits_instead_of_refusing_the_trace():
+    # three rows at context 60 need more external memory than the book's chip has (8,483 words of 8,192 at
+    # context 63): the engine refused the whole trace; it now runs the batches that fit (two rows at the
+    # longest contexts) and serves every request
+    reqs = [Request(i, LONG[i:i + 58] + [i], 2, 0) for i in range(3)]
+    e = Engine(M, ReferenceMachine(), max_batch=3, window=None, page=4, n_pages=64)
+    res = e.run(reqs)
+    assert _equal_alone(M, res, None, 0) == 3
+    assert [s["rows"] for s in res["steps"]] == [3] * 59 + [2, 1]
+    _end_clean(e)
+
+
+@pytest.mark.timeout(120)
+def test_resident_batches_keep_their_block_tables_within_the_mailbox(monkeypatch):
+    # a mailbox of 8 table words: four requests of up to 6 pages of 1 row can no longer all run together
+    import host.batch_resident as HR
+    from hdl.config import PRESETS
+    fast = PRESETS["fast"]
+
+    class Small(HR.ResidentBatchRunner):
+        def __init__(self, *args, **kw):
+            super().__init__(*args, **{**kw, "table_cap": 8})
+    monkeypatch.setattr(HR, "ResidentBatchRunner", Small)
+    reqs = [Request(i, [i, 3, 5], 3, 0) for i in range(4)] + [Request(4, [1] * 9, 2, 1)]
+    e = Engine(M, ReferenceMachine(config=fast), config=fast, mode="resident", max_batch=4, window=None,
+               page=1, n_pages=40)
+    res = e.run(reqs)
+    assert res["requests"][4]["refused"] == ("request 4 can never fit: its block table reaches 10 pages and "
+                                             "the chip's mailbox holds 8")
+    assert _equal_alone(M, res, None, 0, fast) == 4
+    _end_clean(e)
+
+
+# ---- part 2: the policies no equality test could see ------------------------------------------------------
+
+def test_a_cached_page_held_by_one_request_is_copied_before_it_is_written():
+    pt = PageTable(4, 2)
+    pt.new("a")
+    pt.append("a", "a0")
+    pt.append("a", "a1")
+    p = pt.table("a")[0]
+    pt.retain(p)
+    pt.release("a")
+    pt.adopt("b", [p], 1)                       # b shares row 0 only; it is the page's one reference
+    assert pt.refcount(p) == 1
+    pt.append("b", "b1")
+    assert pt.table("b")[0] != p and pt.rows("b", 0, 2) == ["a0", "b1"]
+    pt.adopt("c", [p], 2)
+    assert pt.rows("c", 0, 2) == ["a0", "a1"]
+
+
+@pytest.mark.timeout(60)
+def test_a_partial_prefix_hit_leaves_the_cached_page_intact():
+    # B adopts rows 4..5 of A's cached page 1 (rows 4..7) and writes its row 6: into a copy. C, repeating
+    # A's prompt later, adopts that page whole; had B written into it, C's rows 6 and 7 would be B's
+    prompt = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3]
+    reqs = [Request(0, prompt, 2, 0), Request(1, prompt[:6] + [0, 0], 2, 12), Request(2, prompt, 2, 24)]
+    e = Engine(M, ReferenceMachine(), max_batch=1, window=None, page=4, n_pages=16)
+    res = e.run(reqs)
+    assert _hits(res) == {0: 0, 1: 6, 2: 8}
+    assert _equal_alone(M, res, None, 0) == 3
+
+
+def test_the_prefix_hash_names_the_parent_the_window_and_the_sinks():
+    h = _hash("p", (1, 2), 4, 1)
+    assert len({h, _hash("q", (1, 2), 4, 1), _hash("p", (1, 2), 6, 1), _hash("p", (1, 2), 4, 0),
+                _hash("p", (1, 2), None, 1), _hash("p", (2, 1), 4, 1)}) == 6
+
+
+@pytest.mark.timeout(60)
+def test_the_same_page_tokens_after_another_prefix_do_not_hit():
+    # a row's k and v depend on its token alone in this one-layer model, so a wrong hit would give the same
+    # integers: only the hit counts can tell. D's first page has the tokens of A's second page.
+    A, D = [1, 2, 3, 4, 5], [3, 4, 6, 7, 9]
+    e = Engine(M, ReferenceMachine(), max_batch=2, window=4, sinks=1, page=2, n_pages=12)
+    res = e.run([Request(0, A, 1, 0), Request(1, D, 1, 8), Request(2, A, 1, 16)])
+    assert _hits(res) == {0: 0, 1: 0, 2: 4}
+    # the pages cached under window 4 and sink 1 are not those of another window or sink count
+    assert e._match(A)[1] == 4
+    for W, S in ((6, 1), (4, 0), (4, 2)):
+        e.W, e.S = W, S
+        assert e._match(A) == ([], 0), (W, S)
+
+
+@pytest.mark.timeout(60)
+def test_admission_keeps_the_watermark_of_spare_pages():
+    # A holds 3 of 6 pages when B arrives: with 3 pages kept spare B waits for A to finish; with none it
+    # joins at once
+    reqs = [Request(0, [3, 1, 4, 1, 5], 2, 0), Request(1, [9, 2], 2, 5)]
+    running = {}
+    for wm in (3, 0):
+        e = Engine(M, ReferenceMachine(), max_batch=2, window=None, page=2, n_pages=6, watermark=wm,
+                   prefix_cache=False)
+        res = e.run(reqs)
+        running[wm] = max(s["running"] for s in res["steps"])
+        assert _equal_alone(M, res, None, 0) == 2
+    assert running == {3: 1, 0: 2}
+
+
+@pytest.mark.timeout(60)
+def test_a_recomputed_row_that_differs_stops_the_engine():
+    # preemption by recompute checks every recomputed token and logit against the first computation: a
+    # chip giving other logits the second time is caught
+    reqs = [Request(0, [1, 2, 3], 6, 0), Request(1, [4, 5, 6], 6, 0)]
+    e = Engine(MR, ReferenceMachine(), max_batch=2, window=None, page=2, n_pages=6)
+    res = e.run(reqs)
+    assert res["preemptions"] > 0 and _equal_alone(MR, res, None, 0) == 2
+    e = Engine(MR, ReferenceMachine(), max_batch=2, window=None, page=2, n_pages=6)
+    real = e.runner.run
+
+    def drifting(rows):
+        results, counters, P = real(rows)
+        if e.preemptions:
+            for r in results:
+                if r["logits_int"] is not None:
+                    r["logits_int"] = [v + 1 for v in r["logits_int"]]
+        return results, counters, P
+    e.runner.run = drifting
+    with pytest.raises(EngineError, match="batch invariance is broken"):
+        e.run(reqs)
+
+
+def test_check_invariants_still_catches_a_page_both_free_and_held():
+    e = Engine(M, ReferenceMachine(), max_batch=2, window=4, page=2, n_pages=8)
+    e.run([Request(0, [1, 2, 3], 2)])
+    e.pt._free.append(e.pt._free[0])
+    with pytest.raises(EngineError, match="free list holds a page twice"):
+        check_invariants(e)
+    e.pt._free.pop()
+    p = next(iter(e.page_hash))
+    e.pt._free.append(p)                    # a cached page also on the free list
+    with pytest.raises(EngineError, match=f"page {p} is free and cached or owned"):
+        check_invariants(e)
