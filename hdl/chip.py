@@ -17,7 +17,7 @@ counted as mm); no unit is started and the scratchpad has no owner. Without it o
 
 from amaranth.hdl import Module, Mux, Signal
 from amaranth.lib import enum, wiring
-from amaranth.lib.wiring import In, Out, connect
+from amaranth.lib.wiring import In, Out, connect, flipped
 
 from .config import BOOK
 from .isa import COUNTER_INDEX, COUNTER_OF, HW_OPERANDS, MM_RQ_OPS, Op
@@ -81,6 +81,9 @@ class PortOwner(wiring.Component):
         Every unit of the chip by opcode (AMAX among them); each has ``spad``, ``READS`` and ``WRITES``.
     config : hdl.config.ChipConfig
         The chip (keyword only; the book's by default): the widths, and ``spad_reads`` read ports.
+    host : bool
+        Add the ``host`` port (keyword only; off by default, and then the decoder is the book's): the
+        board's link reads and writes the scratchpad through it while the chip is stopped.
 
     Ports
     -----
@@ -90,13 +93,21 @@ class PortOwner(wiring.Component):
         To the scratchpad.
     ld, st, mm, ... : In(unit.spad.signature)
         One port per unit, named after its opcode, each the flip of the unit's ``spad``.
+    host : In(SpadPort.of(config))
+        Only with `host`: where the book's decoder drives read address 0 and no write (no unit owns the
+        port, or the owner does not read or write), the host's read address and write go through; its
+        write address and data replace AMAX's default only while the host writes (``host.we``), so the
+        units' write paths keep their depth. ``rdata`` is read port 0's data.
     """
 
-    def __init__(self, units, *, config=BOOK):
+    def __init__(self, units, *, config=BOOK, host=False):
         self._units = dict(units)
+        self._host = bool(host)
         members = {"cur": In(4), "spad": Out(SpadPort.of(config, reads=config.spad_reads))}
         for op, unit in self._units.items():
             members[op.name.lower()] = In(unit.spad.signature)
+        if self._host:
+            members["host"] = In(SpadPort.of(config))
         super().__init__(members)
 
     def elaborate(self, platform):
@@ -104,7 +115,12 @@ class PortOwner(wiring.Component):
         sp = self.spad
         ports = {op: getattr(self, op.name.lower()) for op in self._units}
         amax = ports[Op.AMAX]
-        m.d.comb += [sp.raddr.eq(0), sp.we.eq(0), sp.waddr.eq(amax.waddr), sp.wdata.eq(amax.wdata)]
+        if self._host:
+            hp = self.host
+            m.d.comb += [sp.raddr.eq(hp.raddr), sp.we.eq(hp.we), sp.waddr.eq(Mux(hp.we, hp.waddr, amax.waddr)),
+                         sp.wdata.eq(Mux(hp.we, hp.wdata, amax.wdata)), hp.rdata.eq(sp.rdata)]
+        else:
+            m.d.comb += [sp.raddr.eq(0), sp.we.eq(0), sp.waddr.eq(amax.waddr), sp.wdata.eq(amax.wdata)]
         with m.Switch(self.cur):
             for op, unit in self._units.items():
                 port = ports[op]
@@ -138,6 +154,10 @@ class GA2(wiring.Component):
     config : hdl.config.ChipConfig
         The chip to build (keyword only; the book's chip by default): scratchpad depth, array size,
         operand memory depth, counter width. Every block inside is built from the same configuration.
+    host_port : bool
+        Build the ``host`` port (keyword only; off by default, and then the chip is exactly the one
+        without the argument): the FPGA board's link (`hdl.board_top`) reads and writes the scratchpad
+        through the ownership decoder while the chip is stopped (IDLE or HALT: no unit owns the port).
 
     Ports
     -----
@@ -162,6 +182,10 @@ class GA2(wiring.Component):
         Only with ``config.gather``: the error state of docs/resident.md, set when a GATHER or SCATTER
         ends on a bad table (kind ROW or PAGE, the instruction's pc, the table index or the bad entry);
         cleared by ``rst`` only. The chip built for it must know the memory's LAT (``config.lat``).
+    host : In(SpadPort.of(config))
+        Only with `host_port`: the scratchpad's port 0 for the board's link (``raddr``; ``rdata`` the
+        next cycle, read port 0's register; ``we``/``waddr``/``wdata``). Use it only while the chip is
+        stopped: a write while a unit owns the port is refused by the ``owner_writes`` Assert.
 
     Attributes
     ----------
@@ -171,8 +195,9 @@ class GA2(wiring.Component):
         Sequencer registers, exposed so that a simulator can say where a program hangs.
     """
 
-    def __init__(self, *, config=BOOK):
+    def __init__(self, *, config=BOOK, host_port=False):
         self.config = cfg = config
+        self.host_port = bool(host_port)
         self.scratchpad = Scratchpad(config=cfg)
         self.state = Signal(SeqState)
         self.pc = Signal(16)
@@ -197,6 +222,7 @@ class GA2(wiring.Component):
             "n_inst":     Out(c),
             **({"error": Out(1), "error_kind": Out(ErrorKind), "error_pc": Out(16), "error_info": Out(w)}
                if cfg.gather else {}),
+            **({"host": In(SpadPort.of(cfg))} if self.host_port else {}),
         })
 
     def elaborate(self, platform):
@@ -286,9 +312,11 @@ class GA2(wiring.Component):
                              self.error_info.eq(Mux(gathering, gather.error_info, scatter.error_info))]
 
         # ---- scratchpad ownership by `cur` (spec 2.3) ----
-        m.submodules.port = owner = PortOwner(every, config=cfg)
+        m.submodules.port = owner = PortOwner(every, config=cfg, host=self.host_port)
         m.d.comb += owner.cur.eq(cur)
         connect(m, owner.spad, sp.port)
+        if self.host_port:
+            connect(m, flipped(self.host), owner.host)
         for op, unit in every.items():
             connect(m, unit.spad, getattr(owner, op.name.lower()))
         # the owner's done ends the WAIT (none while no unit owns the port)
@@ -358,7 +386,12 @@ class GA2(wiring.Component):
             h.check("owner_writes", ~mine | ((sp.we == u.we) & (~u.we | ((sp.waddr == u.waddr) &
                                                                          (sp.wdata == u.wdata)))),
                     t["owner_writes"])
-        h.check("owner_writes", owned | ~sp.we, t["owner_writes"])
+        if self.host_port:
+            # the host's write passes where no unit owns the port, and only there
+            h.check("owner_writes", owned | ~sp.we | self.host.we, t["owner_writes"])
+            h.check("owner_writes", ~self.host.we | (cur == CUR_NONE), t["owner_writes"])
+        else:
+            h.check("owner_writes", owned | ~sp.we, t["owner_writes"])
 
         # The LD engine writes inside [dst, dst+len) of the instruction it executes (modulo the
         # scratchpad's depth, as its addresses wrap); dst and len are read from the instruction
