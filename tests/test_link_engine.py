@@ -317,21 +317,27 @@ def test_runs_retries_gap_and_bytes_while_running():
 
 
 @pytest.mark.timeout(60)
-def test_watchdog_stops_the_chip():
+def test_watchdog_stops_the_chip_at_the_references_limit():
+    from sim.backends.reference import ReferenceMachine
+    prog = program(*[isa.ld(64 * k, 0, 64) for k in range(4)])
+    total = ReferenceMachine(check=False, config=CFG).run(prog, [0] * 2048, 8).counters[0]
     h = Host()
-    steps = [Frame(h.write(Space.PROGRAM, 0, program(*[isa.ld(0, 0, 64) for _ in range(4)]))),
-             Frame(h.run(2048, 8, max_cycles=100)), Frame(h.run(2048, 8, max_cycles=20_000)),
-             Frame(h.read(Space.SPAD, 0, 4))]
+    steps = [Frame(h.write(Space.PROGRAM, 0, prog)), Frame(h.write(Space.EXT, 0, list(range(1, 65)))),
+             Frame(h.run(2048, 8, max_cycles=total - 1)),       # one cycle short: stopped
+             Frame(h.run(2048, 8, max_cycles=total)),           # exactly enough: halts
+             Frame(h.run(2048, 8, max_cycles=100)),             # stopped mid-LD
+             Frame(h.write(Space.EXT, 0, [7] * 64)), Frame(h.run(2048, 8)), Frame(h.read(Space.SPAD, 0, 256))]
     hw = run_session(CFG, steps)
     model, _ = model_answers(CFG, steps)
-    stopped = parse_answer(hw[1])
-    r = RunResultFields.unpack(stopped.payload, CFG.ext_words, CFG.spad_depth)
-    assert stopped.status == Status.ACK and r.halted == 0
-    assert r.counters[0] == 100                 # cyc_total when the limit stopped it
-    assert parse_answer(model[1]).payload[0] == 0
-    # the chip runs again after the watchdog, to the reference's result
-    compare(hw[2], model[2], CFG)
-    compare(hw[3], model[3], CFG)
+    for k, limit in ((2, total - 1), (4, 100)):
+        stopped = parse_answer(hw[k])
+        r = RunResultFields.unpack(stopped.payload, CFG.ext_words, CFG.spad_depth)
+        assert stopped.status == Status.ACK and r.halted == 0
+        assert r.counters[0] == limit                    # cyc_total when the limit stopped it
+        assert parse_answer(model[k]).payload[0] == 0
+    # halts within its limit; after a watchdog stop the chip runs again, to the reference's result
+    for k in (3, 5, 6, 7):
+        compare(hw[k], model[k], CFG)
 
 
 @pytest.mark.timeout(90)

@@ -1,12 +1,15 @@
-"""A bitstream for a real board: `python -m sim.fpga --board ulx3s-85f [--build-dir DIR]`.
+"""A bitstream for a real board: `python -m sim.fpga --board ulx3s-85f [--build-dir DIR] [--link uart[:BAUD]]`.
 
-The top (`hdl.fpga_top.DecodeStepTop`) holds the chip, one compiled decode step (structured tiny LM,
-context 1, start token 0) in its program ROM and external memory, runs it out of reset and shows the
-token on the LEDs. Amaranth writes the build; YoWASP's Yosys, nextpnr-ecp5 and ecppack run it (no native
-toolchain, no programmer); nextpnr's Fmax and utilization are printed and saved in the build directory.
+By default the top (`hdl.fpga_top.DecodeStepTop`) holds the chip, one compiled decode step (structured
+tiny LM, context 1, start token 0) in its program ROM and external memory, runs it out of reset and shows
+the token on the LEDs. With ``--link uart[:BAUD]`` the top is `hdl.board_top.BoardTop`: the chip served
+over the board's USB serial port by the host link's protocol (docs/host-link.md; 3 Mbaud by default).
+Amaranth writes the build; YoWASP's Yosys, nextpnr-ecp5 and ecppack run it (no native toolchain, no
+programmer); nextpnr's Fmax and utilization are printed and saved in the build directory.
 """
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import shutil
@@ -20,7 +23,7 @@ from sim.cli import (Parser, UsageError, chip_option, guarded, int_range, make_d
                      write_text)
 
 __all__ = ["BOARDS", "DecodeStep", "decode_step", "make_top", "platform_for", "toolchain_env", "build",
-           "summarize_report", "build_parser", "main"]
+           "summarize_report", "Link", "link_spec", "build_parser", "main"]
 
 BOARDS = {"ulx3s-85f": ("amaranth_boards.ulx3s", "ULX3S_85F_Platform")}
 DESIGN_NAME = "ga2_ulx3s"
@@ -56,6 +59,40 @@ def decode_step(start: int = 0, seed: int = 1, config=None) -> DecodeStep:
     P = compile_graph(T.build_graph(m, 1), calib[1], ranges=ranges, config=BOOK if config is None else config)
     image = ext_image(P, {"x": [m["E"][start]]}, P.ext_size)
     return DecodeStep(list(P.code), image, P.ext_map["tok"].address, start, P)
+
+
+@dataclass(frozen=True)
+class Link:
+    """The host link a bitstream is built with: its kind (``uart``, the only one) and its rate."""
+    kind: str
+    baud: int
+
+    def __str__(self) -> str:
+        return f"{self.kind}:{self.baud}"
+
+
+def link_spec(text: str) -> Link:
+    """An argparse type: ``uart`` (3 Mbaud) or ``uart:BAUD``; one line for anything else. The rate must
+    give a bit at least 4 cycles of the board's 25 MHz clock (`hdl.uart.check_rate`)."""
+    from hdl.board_top import DEFAULT_BAUD, DEFAULT_CLK_HZ
+    from hdl.uart import check_rate
+    kind, sep, rate = text.partition(":")
+    if kind != "uart" or (sep and not rate):
+        raise argparse.ArgumentTypeError(f"must be uart or uart:BAUD, got {text!r}")
+    if not sep:
+        return Link("uart", DEFAULT_BAUD)
+    try:
+        baud = int(rate)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"uart:BAUD needs a whole number of baud, got {rate!r}") from None
+    try:
+        check_rate(DEFAULT_CLK_HZ, baud)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(f"uart:{rate}: {e}") from None
+    return Link("uart", baud)
+
+
+link_spec.__name__ = "link"
 
 
 def make_top(step: DecodeStep, lat: int | None = None, config=None):
@@ -141,12 +178,22 @@ def critical_sources(log_text: str, root: Path | None = None) -> list[str]:
     return out
 
 
-def build(board: str, build_dir: Path, seed: int = 1, start: int = 0, verbose=print, config=None) -> dict:
-    """Build the bitstream of the decode-step top for `board` in `build_dir`; return the summary dict."""
+def build(board: str, build_dir: Path, seed: int = 1, start: int = 0, verbose=print, config=None,
+          link: Link | None = None) -> dict:
+    """Build the bitstream for `board` in `build_dir`: the decode-step top, or with `link` the served
+    board (`hdl.board_top.BoardTop`); return the summary dict."""
     platform = platform_for(board)
     env = toolchain_env()
-    step = decode_step(start, config=config)
-    top = make_top(step, config=config)
+    if link is None:
+        step = decode_step(start, config=config)
+        top = make_top(step, config=config)
+        what = {"program_words": len(step.program), "start_token": start, "tok_addr": step.tok_addr}
+    else:
+        from hdl.board_top import BoardTop
+        from hdl.config import BOOK
+        clk_hz = int(platform.default_clk_frequency)
+        top = BoardTop(BOOK if config is None else config, clk_hz=clk_hz, baud=link.baud)
+        what = {"link": str(link), "clk_hz": clk_hz}
     build_dir = Path(build_dir)
     # prepare() + execute_local() instead of platform.build(): build() insists that every tool of the
     # platform is present, the programmer (openFPGALoader) included, which a build does not use.
@@ -163,8 +210,7 @@ def build(board: str, build_dir: Path, seed: int = 1, start: int = 0, verbose=pr
     bit = build_dir / f"{DESIGN_NAME}.bit"
     report = json.loads((build_dir / "nextpnr_report.json").read_text())
     summary = {"board": board, "design": DESIGN_NAME, "bitstream": str(bit),
-               "bitstream_bytes": bit.stat().st_size, "build_seconds": round(seconds, 1),
-               "program_words": len(step.program), "start_token": start, "tok_addr": step.tok_addr,
+               "bitstream_bytes": bit.stat().st_size, "build_seconds": round(seconds, 1), **what,
                "nextpnr_seed": seed, **summarize_report(report)}
     tim = build_dir / f"{DESIGN_NAME}.tim"
     summary["critical_path_sources"] = critical_sources(tim.read_text()) if tim.exists() else []
@@ -189,15 +235,20 @@ def format_summary(s: dict) -> str:
 def build_parser() -> Parser:
     p = Parser("python -m sim.fpga",
                "Build a bitstream for a real board: the chip with one compiled decode step in its ROM, run out "
-               "of reset, the token on the LEDs. YoWASP's Yosys, nextpnr-ecp5 and ecppack do the work (needs "
+               "of reset, the token on the LEDs; or, with --link, the chip served over the board's serial "
+               "port (docs/host-link.md). YoWASP's Yosys, nextpnr-ecp5 and ecppack do the work (needs "
                "pip install -e '.[synth]'); about 10 minutes. Prints Fmax and utilization and writes them "
                "into the build directory.",
-               "python -m sim.fpga --board ulx3s-85f --build-dir build/fpga")
+               "python -m sim.fpga --board ulx3s-85f --build-dir build/fpga\n"
+               "python -m sim.fpga --board ulx3s-85f --chip fast --link uart --build-dir build/fpga-link")
     p.add_argument("--board", required=True, metavar="BOARD", help=f"the board: {', '.join(BOARDS)}")
     p.add_argument("--build-dir", type=output_dir, default=os.path.join("build", "fpga"), metavar="DIR",
                    help="where amaranth writes the build and the reports (created if missing)")
     p.add_argument("--seed", type=int_range(1, 2**31 - 1), default=1, metavar="S", help="nextpnr placement seed")
     chip_option(p, help="the chip put on the board")
+    p.add_argument("--link", type=link_spec, default=None, metavar="uart[:BAUD]",
+                   help="build the served board instead of the decode step: the host link's protocol over the "
+                        "board's USB UART at BAUD (default 3000000) baud (default: no link)")
     return p
 
 
@@ -208,7 +259,7 @@ def main(argv=None) -> int:
     build_dir = Path(args.build_dir)
     toolchain_env()                     # a missing tool is named before anything is created
     make_dir(build_dir)
-    summary = build(args.board, build_dir, seed=args.seed, config=args.chip)
+    summary = build(args.board, build_dir, seed=args.seed, config=args.chip, link=args.link)
     text = format_summary(summary)
     print(text)
     write_json(build_dir / "fpga_report.json", summary)

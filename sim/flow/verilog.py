@@ -61,6 +61,7 @@ BLOCKS = {
     "ga2":         lazy("hdl.chip", "GA2"),
     "harness":     lazy("hdl.harness", "ChipHarness"),
     "uart":        lazy("hdl.uart", "UART"),
+    "link_engine": lazy("hdl.link_engine", "LinkEngine"),
 }
 
 # Warnings waived for generated code, with the reason. Everything else, -Wall included, must be clean.
