@@ -99,6 +99,19 @@ def test_lru_evicts_the_tail_of_a_cached_chain_before_its_head():
 
 
 @pytest.mark.timeout(60)
+def test_a_window_lets_go_of_a_chains_head_first_but_eviction_still_takes_its_tail():
+    # with window 4, A's first pages leave its window (and are stamped) long before its last ones: least
+    # recently used alone would evict A's head and strand the rest of the chain; eviction takes chain
+    # leaves first, so B's pages come from A's tail and C still finds A's first two pages
+    P, Q = [3, 1, 4, 1, 5, 9, 2, 6, 5], [8, 8, 0, 7, 6, 10, 12, 11, 13]
+    e = Engine(M, ReferenceMachine(), max_batch=2, window=4, page=2, n_pages=7)
+    res = e.run([Request(0, P, 1, 0), Request(1, Q, 1, 12), Request(2, P, 1, 24)])
+    assert _hits(res) == {0: 0, 1: 0, 2: 4}
+    assert _equal_alone(M, res, 4, 0) == 3
+    _end_clean(e)
+
+
+@pytest.mark.timeout(60)
 def test_a_prefix_hit_refreshes_the_recency_of_the_pages_it_reuses():
     # A (prompt P) then B (prompt Q) are cached; C repeats P, so P's pages were used after Q's; D needs a
     # page: one of Q's goes, not one of P's, and E repeating P hits both of P's pages
