@@ -393,7 +393,9 @@ class MatrixUnit(SpadUnit):
         loaded = operand_bits(was_ins, Op.RQC)
         h.check("rq_hold", ~h.valid | Mux(was_rqc, regs == loaded, regs == was_regs), t["rq_hold"])
         w = self.spad.wdata.as_signed()
-        in_range = (w >= Mux(self.rq_regs.relu, 0, -127)) & (w <= 127)
+        # the relu the word was requantized with: the registers' now, or a cycle ago through the pipeline
+        relu = h.past(self.rq_regs.relu, "relu") if self._piped else self.rq_regs.relu
+        in_range = (w >= Mux(relu, 0, -127)) & (w <= 127)
         h.check("rq_range", ~(self.spad.we & opr.rq) | in_range, t["rq_range"])
 
     def _elaborate_overlap(self, m, opr, array, wr, rd):
