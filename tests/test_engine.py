@@ -15,6 +15,10 @@ from sim.backends.reference import ReferenceMachine
 M = T.make_model("structured", 1)
 MR = T.make_model("random", 2)
 
+# a scheduler that livelocks fails its test in two minutes (seconds each on the reference machine); the
+# Verilator and Amaranth tests build or simulate a chip and keep the suite's ten minutes
+pytestmark = pytest.mark.timeout(120)
+
 
 def _alone(m, r, W, S, runner):
     return decode_alone(m, r["prompt"], r["gen"], None, W, S, runner=runner)
@@ -265,6 +269,7 @@ VERILATOR_TRACES = [
 
 
 @pytest.mark.parametrize("case", range(len(VERILATOR_TRACES)))
+@pytest.mark.timeout(600)
 def test_traces_on_verilator_equal_the_reference(case):
     # the whole result (tokens, logits, cycles, pages, preemptions, per-step trace) is identical
     from sim.backends import get_backend
@@ -280,6 +285,7 @@ def test_traces_on_verilator_equal_the_reference(case):
         [(True, True, 3), (True, True, 4), (False, False, 8)][case]
 
 
+@pytest.mark.timeout(600)
 def test_a_batched_program_on_amaranths_simulator_equals_the_reference():
     # one three-row program (about 9,000 cycles; the last row cache-only): every counter, external word
     # and scratchpad word
@@ -344,6 +350,7 @@ def test_resident_mode_needs_a_gather_chip():
         Engine(M, ReferenceMachine(), mode="resident")
 
 
+@pytest.mark.timeout(600)
 def test_resident_serving_on_verilator_equals_the_reference():
     # the fast chip's emitted Verilog runs the same resident trace (weights loaded once, every row's
     # GATHERs through its own block table, chip-side copy-on-write): the whole result is identical
