@@ -16,7 +16,13 @@ program (`host.batch`). The KV cache of every request lives in one `host.pagetab
   window and the sinks). A full page is cached (`PageTable.retain`) when a request fills it; an admitted
   request adopts the longest chain of cached pages its tokens begin with, and a cached page sharing only
   the first rows of its next page as a partial tail (copied on the first write into it); those rows are
-  never computed. Cached pages nobody references are evicted least recently used first.
+  never computed. Cached pages nobody references are evicted as in vLLM's free-block queue: a page is
+  stamped when its last reference goes (a request's last page first, so a hit refreshes its pages), and
+  the least recently used page with no cached child goes first (a chain loses its tail before its head);
+  a page is cached only under a cached parent, and evicting one forgets the pages cached after it.
+- Batches the chip can take: each step runs the longest head of its rows whose program fits the chip (and,
+  in resident mode, whose block tables fit the mailbox); the others wait. A request whose single row could
+  never fit is refused on arrival. An idle engine goes straight to the next arrival.
 - Attention sinks: ``sinks = S`` keeps rows 0..S-1 of every request besides the window (`host.window.
   sink_ranges`); the pages between are released (`PageTable.punch`).
 - Prefill (``prefill = "cache"``, the default): a prompt row before the prompt's last token runs as a
@@ -27,7 +33,8 @@ program (`host.batch`). The KV cache of every request lives in one `host.pagetab
   request the trace may hold (``contig_rows``), as Example B does on paper; no prefix cache.
 
 `check_invariants` is run after every step (every page free, cached or owned; reference counts equal the
-block-table references; no request holds more pages than its kept rows need). `decode_alone` decodes one
+block-table references; every cached page reachable; no request holds more pages than its kept rows and
+the page its next row goes into need), at the cost of the pages in use. `decode_alone` decodes one
 request with a plain list as cache and single-row programs: what every served request must equal.
 """
 from __future__ import annotations
