@@ -29,6 +29,7 @@ seconds, a HELLO naming another chip, a frame failing `retries` times in a row.
 from __future__ import annotations
 
 import collections
+import select
 import sys
 import time
 from array import array
@@ -107,10 +108,15 @@ class SerialLine:
             self.ser = serial.serial_for_url(port, baudrate=baud, timeout=0, write_timeout=DEFAULT_TIMEOUT)
         except (serial.SerialException, ValueError, OSError) as e:
             raise BoardError(f"cannot open the board's port {port}: {_reason(e)}") from None
+        try:
+            self._fd = self.ser.fileno()
+        except Exception:           # a URL without a file descriptor (loop://, socket://): pyserial's timeouts
+            self._fd = None
 
     def write(self, data: bytes, timeout: float) -> None:
         try:
-            self.ser.write_timeout = timeout
+            if self.ser.write_timeout != timeout:
+                self.ser.write_timeout = timeout
             self.ser.write(data)
         except self._serial.SerialTimeoutException:
             raise BoardError(f"the board on {self.port} does not take bytes (write timed out after "
@@ -121,6 +127,13 @@ class SerialLine:
     def read(self, timeout: float) -> bytes:
         """What arrives within `timeout` seconds (at least one byte, or none at the timeout)."""
         try:
+            if self._fd is not None:        # a device: wait with select, the port stays non-blocking
+                if not select.select([self._fd], [], [], max(timeout, 0.0))[0]:
+                    return b""
+                data = self.ser.read(max(self.ser.in_waiting, 1))
+                if not data:                # readable, and nothing there: the other side is gone
+                    raise self._serial.SerialException("the device reports data and returns none")
+                return data
             self.ser.timeout = max(timeout, 0.0)
             data = self.ser.read(1)
             if data:
@@ -165,15 +178,29 @@ class Link:
         self.seq = 0
         self.stats = LinkStats()
         self._buf = bytearray()
-        self._spb = 0.0             # seconds per line byte seen in exchanges (the slowest recent one)
+        self._spb = 0.0             # seconds per line byte beyond the latency (the slowest recent exchange)
+        self._latency = 0.0         # seconds of a small exchange's round trip (the slowest recent one)
+        self._run_rtt = 0.0         # seconds from a RUN to its answer (the longest recent one)
         self.streak = 0             # attempts failed in a row (any request): more than `retries` ends the run
         self.streak_heard = False   # whether the board sent anything during the streak
         self.chunk = MAX_PAYLOAD    # payload bytes of the WRITE and READ frames now: halved on a failure
         self.good = 0               # exchanges in a row that went through at this chunk
 
     def _wait(self, nbytes: int) -> float:
-        """How long to wait for an answer before sending the frame again."""
-        return min(self.timeout, self.min_wait + 4 * nbytes * self._spb)
+        """How long to wait for the answer of an exchange of `nbytes` line bytes before sending the frame
+        again: three times the round trip the recent exchanges predict (`_learn`), plus `min_wait`; a
+        second while nothing was learned yet (the first HELLO)."""
+        if self._latency == 0 and self._spb == 0:
+            return min(self.timeout, max(1.0, self.min_wait))
+        return min(self.timeout, self.min_wait + 3 * (self._latency + nbytes * self._spb))
+
+    def _learn(self, nbytes: int, seconds: float) -> None:
+        """An exchange of `nbytes` line bytes took `seconds` from its (last) send to its answer: small ones
+        tell the fixed latency, larger ones the time per byte beyond it (each the slowest recent one)."""
+        if nbytes <= 128:
+            self._latency = max(seconds, 0.9 * self._latency)
+        else:
+            self._spb = max(max(seconds - self._latency, 0.0) / nbytes, 0.9 * self._spb)
 
     def request(self, cmd: int, space: int = 0, addr: int = 0, count: int = 0, payload: bytes = b"",
                 expect: int | None = None, what: str = "", split_ok: bool = False) -> Answer | None:
@@ -188,6 +215,8 @@ class Link:
         self.stats.requests += 1
         t_start = heard = time.monotonic()      # heard: the last time a byte came from the board
         wait = self._wait(len(frame) + (expect or 0) + ANSWER_HEADER.size + 2)
+        if cmd == Cmd.RUN:                      # a run takes its time: as long as the longest lately, twice
+            wait = min(self.timeout, max(wait, 2 * self._run_rtt))
         try:
             while True:
                 t_send = time.monotonic()
@@ -201,9 +230,10 @@ class Link:
                     if expect is not None and len(got.payload) != expect:
                         raise BoardError(f"the board on {self.where} answered {name} with {len(got.payload)} "
                                          f"bytes, expected {expect}: not this protocol version")
-                    if self.streak == 0 and cmd != Cmd.RUN:
-                        spb = (now - t_send) / (len(frame) + ANSWER_HEADER.size + 2 + len(got.payload))
-                        self._spb = max(spb, 0.9 * self._spb)
+                    if cmd != Cmd.RUN:
+                        self._learn(len(frame) + ANSWER_HEADER.size + 2 + len(got.payload), now - t_send)
+                    else:
+                        self._run_rtt = max(now - t_start, 0.9 * self._run_rtt)
                     self.streak, self.streak_heard = 0, False
                     return got
                 self.streak_heard |= heard != before
@@ -238,7 +268,7 @@ class Link:
         """Read until the answer to (seq, cmd) arrives ("answer", the Answer), a garbled frame was seen and
         nothing more is buffered ("garbled", None), or `until` passes ("timeout", None). Also returns the
         time the board was last heard from."""
-        garbled = False
+        garbled, looked = False, False
         while True:
             while True:
                 kind, a = self._next_frame(seq, cmd, expect)
@@ -253,11 +283,12 @@ class Link:
             if garbled:
                 return "garbled", None, heard
             now = time.monotonic()
-            if now >= until:
+            if looked and now >= until:     # (a noisy line that never stops sending ends here too)
                 if self._buf:               # a frame begun and not finished in time: one that lost bytes
                     del self._buf[:1]
                 return "timeout", None, heard
-            data = self.line.read(until - now)
+            data = self.line.read(max(until - now, 0.0))    # at least one look, even when the write was slow
+            looked = True
             if data:
                 heard = time.monotonic()
                 self.stats.bytes_in += len(data)
@@ -357,7 +388,6 @@ class BoardBackend(Backend):
         self.hello: HelloInfo | None = None
         self.shadow: dict[Space, list] = {}
         self.run_log: list[dict] = []
-        self._reset_first = False
 
     # ---- the session --------------------------------------------------------------------------------
     @property
@@ -428,9 +458,6 @@ class BoardBackend(Backend):
         link = self.link
         before = link.stats.copy()
         written = {}
-        if self._reset_first:           # the last run hit the cycle limit: the chip stopped mid-program
-            link.request(Cmd.RESET, expect=0)
-            self._reset_first = False
         written["program"] = self._sync(Space.PROGRAM, words + [0] * (info.rom_words - len(words)))
         written["ext"] = self._sync(Space.EXT, ext)
         written["spad"] = self._sync(Space.SPAD, spad if spad is not None else [0] * info.spad_depth)
@@ -443,8 +470,7 @@ class BoardBackend(Backend):
                 "spad": self._read_dirty(Space.SPAD, res.spad_dirty, info.spad_depth)}
         self.run_log.append({**link.stats.minus(before), "words_written": written, "words_read": read,
                              "cycles": res.counters[0] if res.halted else None})
-        if not res.halted:
-            self._reset_first = True
+        if not res.halted:             # the board's watchdog stopped it (a RUN resets the chip first anyway)
             raise DidNotHalt(f"did not halt within {self.max_cycles} cycles (on the board)")
         error = None
         if res.error_kind:
