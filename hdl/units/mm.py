@@ -27,6 +27,12 @@ An MM whose rq flag (latched at E0 with the other operands) is set writes every 
 combinational `hdl.requant.Requantizer` fed by those registers: ``sext8(requant(C, m, s, relu))``, in the
 same OUT cycle, so the timing contract above is unchanged. With ``mm_rq = 0`` none of it exists.
 
+The piped requantizer (``config.rq_pipe`` with ``mm_rq``, docs/rq-pipe.md): the Requantizer registers
+its product, so an MM with rq writes C element e one cycle after OUT selects it (the write enable and
+address follow in ``we_d``, ``oaddr_d``; an MM with rq = 0 writes as above). In series the last element is
+written at FIN's edge and B is unchanged; overlapped, a fused MM's last OUT edge goes to the state LAST,
+whose edge writes the last element and finishes: B one more (``hdl.isa.mm_busy_cycles`` with ``rq``).
+
 Packed B (``config.mm_pack``, docs/mm-fast.md): an MM with its pb flag reads B's element (k, n) as byte
 n % 4 of word ``B + k*ldb + n // 4``; LB then reads L words (4L columns) of one k a cycle, so it takes
 K*ceil(ceil(N/4)/L) + 2 cycles, and tb is not read. Overlapped phases (``config.mm_overlap``,
