@@ -99,6 +99,10 @@ def _m(kind, file, anchor, replacement, description, *checks, equivalent=None, s
 
 PT, WIN, PAGED, LM = "host/pagetable.py", "host/window.py", "host/paged.py", "host/tiny_lm.py"
 T_PT = "tests/test_pagetable.py"
+T_EDGES = "tests/test_engine_edges.py"
+# two lines of host/engine.py several mutants replace: the prefix hash, and the recency stamp of a released page
+_HASH = """return hashlib.sha256(f"{parent}|{','.join(map(str, toks))}|W={W}|S={S}".encode()).hexdigest()[:16]"""
+_STAMP = "if p is not None and p not in after and p in self.page_hash and self.pt.refcount(p) == 0:"
 T_WIN = "tests/test_window.py"
 T_HOST = "tests/test_paged_host.py"
 T_LM = "tests/test_tiny_lm.py"
@@ -409,6 +413,36 @@ MUTANTS: tuple[Mutant, ...] = (
        "batched programs: row i gets the token of the i-th program row, not its own",
        "tests/test_engine.py::test_a_row_gives_the_same_integers_in_any_batch_and_the_cycle_model_holds",
        "tests/test_engine.py::test_batch_invariance_over_traces"),
+    # ---- issue 21: the engine's policies that no equality test sees ------------------------------------
+    _m("host", PT, "elif self._ref[t[-1]] > 1 or t[-1] in self._retained:", "elif self._ref[t[-1]] > 1:",
+       "page table: a cached page held by one request is written in place, not copied (the cache's rows change)",
+       f"{T_EDGES}::test_a_cached_page_held_by_one_request_is_copied_before_it_is_written",
+       f"{T_EDGES}::test_a_partial_prefix_hit_leaves_the_cached_page_intact"),
+    _m("host", "host/engine.py", _HASH, _HASH.replace('f"{parent}|', 'f"'),
+       "prefix cache: a page's hash ignores its parent (the same tokens after another prefix hit)",
+       f"{T_EDGES}::test_the_same_page_tokens_after_another_prefix_do_not_hit",
+       f"{T_EDGES}::test_the_prefix_hash_names_the_parent_the_window_and_the_sinks"),
+    _m("host", "host/engine.py", _HASH, _HASH.replace("|W={W}", ""),
+       "prefix cache: a page's hash ignores the window",
+       f"{T_EDGES}::test_the_same_page_tokens_after_another_prefix_do_not_hit"),
+    _m("host", "host/engine.py", _HASH, _HASH.replace("|S={S}", ""),
+       "prefix cache: a page's hash ignores the sinks",
+       f"{T_EDGES}::test_the_same_page_tokens_after_another_prefix_do_not_hit"),
+    _m("host", "host/engine.py", "spare = self.watermark if self.running else 0", "spare = 0",
+       "engine: admission ignores the watermark of spare pages",
+       f"{T_EDGES}::test_admission_keeps_the_watermark_of_spare_pages"),
+    _m("host", "host/engine.py", _STAMP, _STAMP.replace(" == 0:", " == 0 and p not in self.lru:"),
+       "engine: a cached page's recency is that of its first release (a prefix hit does not refresh it)",
+       f"{T_EDGES}::test_a_prefix_hit_refreshes_the_recency_of_the_pages_it_reuses"),
+    _m("host", "host/engine.py", 'if s.tokens[s.pos + 1] != res["tok"] or s.logits[g] != res["logits_int"]:',
+       "if False:", "engine: a recomputed row is not checked against the first computation",
+       f"{T_EDGES}::test_a_recomputed_row_that_differs_stops_the_engine"),
+    _m("host", "host/engine.py", "    if n % page:", "    if False:",
+       "engine invariants: the partly filled page the next row goes into is not allowed (window 1 stops)",
+       f"{T_EDGES}::test_window_one_keeps_the_partly_filled_page_the_next_row_goes_into"),
+    _m("host", "host/engine.py", "        return leaves + [p for p in free if self.children.get(self.page_hash[p])]",
+       "        return free", "engine: eviction is least recently used alone (a windowed chain loses its head first)",
+       f"{T_EDGES}::test_a_window_lets_go_of_a_chains_head_first_but_eviction_still_takes_its_tail"),
 )
 
 
