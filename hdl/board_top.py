@@ -282,6 +282,7 @@ class BoardCore(wiring.Component):
         # ---- run control: reset, start, run to HALT or to the cycle limit ----
         remaining = Signal.like(run.max_cycles)
         flush = Signal(range(ext.ring_depth + 2))
+        pending = Signal()          # a start that came during FLUSH (never at a UART's pace): kept
         m.d.comb += [run.error_pc.eq(0), run.error_info.eq(0), run.error_kind.eq(0)]
         if cfg.gather:
             m.d.comb += [run.error_kind.eq(chip.error_kind.as_value()), run.error_pc.eq(chip.error_pc),
@@ -290,8 +291,8 @@ class BoardCore(wiring.Component):
             (chip.cyc_total, chip.cyc_mm, chip.cyc_dma, chip.cyc_vec, chip.n_inst))]
         with m.FSM(name="board_run"):
             with m.State("IDLE"):
-                m.d.sync += chip_rst.eq(run.start | run.reset)
-                with m.If(run.start):
+                m.d.sync += [chip_rst.eq(run.start | pending | run.reset), pending.eq(0)]
+                with m.If(run.start | pending):
                     m.next = "RESET"
             with m.State("RESET"):              # chip_rst is high in this cycle
                 m.d.comb += active.eq(1)
@@ -318,6 +319,8 @@ class BoardCore(wiring.Component):
             with m.State("FLUSH"):
                 m.d.comb += active.eq(1)
                 m.d.sync += flush.eq(flush - 1)
+                with m.If(run.start):
+                    m.d.sync += pending.eq(1)
                 with m.If(flush == 0):
                     m.d.sync += chip_rst.eq(0)
                     m.next = "IDLE"

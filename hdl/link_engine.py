@@ -28,8 +28,8 @@ What the engine keeps, all registered:
 - (seq, cmd) of the last executed frame (a valid bit cleared by HELLO): a frame with a good CRC and the
   same pair is answered again without being executed (a WRITE is not written, a RUN not run: its
   stored result and maps are sent again, a RESET does not reset);
-- the RUN's result as one `RUN_RESULT`-sized register that rotates by a byte for every byte sent (after
-  a whole answer it is back where it was, for a retry);
+- the RUN's result: the fields of `RUN_RESULT` taken in the cycle of ``done`` (only their bits that can
+  be non-zero are registers), sent by a byte select; kept for a retry;
 - a gap counter: a frame that pauses for `FRAME_GAP_BYTES` byte times (ten bits at ``clk_hz / baud``
   cycles a bit, `gap_cycles`) is dropped without an answer and the engine hunts again.
 
@@ -365,11 +365,21 @@ class LinkEngine(wiring.Component):
         pay_wr = self.payload.write_port()
         pay_rd = self.payload.read_port(transparent_for=())
         m.d.comb += [pay_wr.addr.eq(pidx), pay_wr.data.eq(i.payload), pay_rd.addr.eq(pidx)]
-        hello_rd = self.hello_rom.read_port(domain="comb")
+        # synchronous: the byte at pidx is there a cycle after pidx changed, and a load (which moves
+        # pidx) always leaves the output register busy for the next cycle (`free` low)
+        hello_rd = self.hello_rom.read_port(transparent_for=())
         m.d.comb += hello_rd.addr.eq(pidx)
 
         # ---- the RUN's result and the dirty maps ----
-        result = Signal(8 * RUN_RESULT.size)
+        res_halted = Signal()
+        res_kind = Signal.like(run.error_kind)
+        res_pc = Signal.like(run.error_pc)
+        res_info = Signal.like(run.error_info)
+        res_counters = Signal.like(run.counters)
+        widths = [8 * size * n for size, n in _RESULT]
+        result = Cat(*(_fit(v, w) for v, w in zip(
+            [res_halted, res_kind, res_pc, res_info,
+             Cat(*(_fit(c, 8 * _RESULT[4][0]) for c in res_counters))], widths)))
         rcnt = Signal(range(RUN_RESULT.size))
         shift = (DIRTY_BLOCK - 1).bit_length()
         assert 1 << shift == DIRTY_BLOCK
@@ -547,10 +557,8 @@ class LinkEngine(wiring.Component):
             with m.State("RUN_WAIT"):
                 m.d.comb += [i.ready.eq(1), self.running.eq(1)]     # bytes dropped
                 with m.If(run.done):
-                    values = [run.halted, run.error_kind, run.error_pc, run.error_info,
-                              Cat(*(_fit(c, 8 * _RESULT[4][0]) for c in run.counters))]
-                    widths = [8 * size * n for size, n in _RESULT]
-                    m.d.sync += result.eq(Cat(*(_fit(v, w) for v, w in zip(values, widths))))
+                    m.d.sync += [res_halted.eq(run.halted), res_kind.eq(run.error_kind), res_pc.eq(run.error_pc),
+                                 res_info.eq(run.error_info), res_counters.eq(run.counters)]
                     answer(Status.ACK, K_RUN, run_len)
 
             # ---- the answer: header, payload, CRC; arriving bytes are dropped ----
@@ -604,8 +612,8 @@ class LinkEngine(wiring.Component):
             with m.State("A_RES"):
                 m.d.comb += i.ready.eq(1)
                 with m.If(free):
-                    load(result[:8])
-                    m.d.sync += [result.eq(Cat(result[8:], result[:8])), rcnt.eq(rcnt + 1)]
+                    load(result.word_select(rcnt, 8))
+                    m.d.sync += rcnt.eq(rcnt + 1)
                     with m.If(rcnt == RUN_RESULT.size - 1):
                         m.next = "A_DRD"
             with m.State("A_DRD"):                      # the map's bit Cat(db, dj) is read this cycle
