@@ -62,12 +62,16 @@ class EngineError(ValueError):
 
 @dataclass
 class Request:
-    """One request: ``prompt`` tokens (at least one), ``gen`` tokens to generate (>= 1), the engine step
-    it arrives at."""
+    """One request: ``prompt`` tokens (at least one), ``gen`` tokens to generate at most (>= 1), the engine
+    step it arrives at; ``stop``: tokens that end its generation (the first one generated is its last token);
+    ``abort``: the engine step at which it is cancelled (None: never; `Engine.abort` cancels one at any
+    step too)."""
     id: int
     prompt: list
     gen: int
     arrival: int = 0
+    stop: tuple = ()
+    abort: int | None = None
 
 
 @dataclass
@@ -86,10 +90,12 @@ class _State:
     computed_rows: int = 0
     prompt_rows: int = 0                # rows computed at prompt positions (recomputations included)
     refused: str | None = None
+    aborted: int | None = None          # the engine step it was cancelled at
 
     @property
     def done(self) -> bool:
-        return len(self.tokens) - len(self.req.prompt) >= self.req.gen
+        g = len(self.tokens) - len(self.req.prompt)
+        return g >= self.req.gen or (g > 0 and self.tokens[-1] in self.req.stop)
 
 
 def _kept_rows(n: int, W, S: int) -> list:
@@ -149,6 +155,11 @@ def _check_request(r) -> None:
         raise EngineError(f"request {r.id}: tokens to generate must be >= 1, got {r.gen!r}")
     if not isinstance(r.arrival, int) or r.arrival < 0:
         raise EngineError(f"request {r.id}: the arrival step must be >= 0, got {r.arrival!r}")
+    if not isinstance(r.stop, (tuple, list)) or any(not isinstance(t, int) or isinstance(t, bool)
+                                                    or not 0 <= t < V for t in r.stop):
+        raise EngineError(f"request {r.id}: stop tokens must be tokens 0..{V - 1}, got {r.stop!r}")
+    if r.abort is not None and (not isinstance(r.abort, int) or isinstance(r.abort, bool) or r.abort < 0):
+        raise EngineError(f"request {r.id}: the abort step must be >= 0 or None, got {r.abort!r}")
 
 
 class Engine:
@@ -161,7 +172,12 @@ class Engine:
     backend : object
         ``run(code, image, lat)``.
     max_batch : int
-        Rows per step and running requests at most.
+        Rows per chip program at most (and, without ``max_batched_tokens``, running requests and rows per
+        step: one program a step).
+    max_batched_tokens : int or None
+        Rows per step at most, a token budget: prompt rows first, a request's cache-only prompt rows several
+        in one step; the requests the pool admits run; a step runs as many programs of at most ``max_batch``
+        rows as its rows need (None: one row per running request, ``max_batch`` running, one program a step).
     window : int or None
     sinks : int
     page, n_pages : int
@@ -183,7 +199,7 @@ class Engine:
 
     def __init__(self, m, backend, max_batch=4, window=None, sinks=0, page=4, n_pages=64, prefix_cache=True,
                  alloc="paged", contig_rows=None, watermark=1, lat=8, config: ChipConfig = BOOK, check=True,
-                 mode="book", prefill="cache"):
+                 mode="book", prefill="cache", max_batched_tokens=None):
         try:
             check_window(window)
             check_sinks(sinks, window)
@@ -202,6 +218,13 @@ class Engine:
             raise EngineError("resident mode keeps the cache in the chip's page pools: alloc must be 'paged'")
         if not isinstance(watermark, int) or watermark < 0:
             raise EngineError(f"watermark must be an integer >= 0, got {watermark!r}")
+        if max_batched_tokens is not None and (not isinstance(max_batched_tokens, int) or
+                                               isinstance(max_batched_tokens, bool) or max_batched_tokens < 1):
+            raise EngineError(f"max_batched_tokens must be an integer >= 1 or None, got {max_batched_tokens!r}")
+        self.max_batched_tokens = max_batched_tokens
+        # requests running at once: with a token budget as many as the pool admits (the watermark and
+        # preemption bound them), as vLLM's max_num_seqs is far above its batches
+        self.max_running = max_batch if max_batched_tokens is None else n_pages
         self.m, self.max_batch, self.W, self.S = m, max_batch, window, sinks
         self.page, self.n_pages, self.alloc = page, n_pages, alloc
         self.prefix_cache = bool(prefix_cache) and alloc == "paged"
@@ -224,6 +247,7 @@ class Engine:
         self.page_hash: dict = {}      # cached page -> hash
         self.lru: dict = {}            # cached page -> recency stamp, given when its last reference goes
         self.tick = 0                  # the stamps' counter: never reset (the cache outlives `run`)
+        self.cancel: set = set()       # ids of requests to cancel before the next step (`abort`)
         self.trace: list = []          # per step: rows, cycles, pages
 
     # ---- pool --------------------------------------------------------------------------------------
@@ -275,14 +299,6 @@ class Engine:
             if not order:
                 break
             self._evict(order[0])
-
-    def _needs_page(self, s: _State) -> int:
-        if self.alloc == "contiguous":
-            return 0
-        if s.pos % self.page == 0:
-            return 1
-        tail = self.pt.table(s.req.id)[-1]
-        return int(self.pt.refcount(tail) > 1 or self.pt.is_retained(tail))
 
     def _letting_go(self, s: _State, op, *args) -> None:
         """Run the page-table operation `op` of request `s` (release, punch, append); stamp the cached pages
@@ -404,6 +420,20 @@ class Engine:
         self.running.append(s)
         return True
 
+    def abort(self, rid) -> None:
+        """Cancel request `rid` before the next engine step (at its arrival if it has not arrived): its
+        pages return at once; its tokens so far are its result."""
+        self.cancel.add(rid)
+
+    def _abort(self, s: _State) -> None:
+        if s in self.running:
+            self.running.remove(s)
+            self._letting_go(s, self.pt.release)
+        else:
+            self.waiting.remove(s)
+        s.aborted, s.finish_cycles = self.step_no, self.clock
+        self.done.append(s)
+
     def _preempt(self, s: _State) -> None:
         self.running.remove(s)
         self._letting_go(s, self.pt.release)
@@ -428,6 +458,7 @@ class Engine:
         self.waiting, self.running, self.done = [], [], []
         self.counter = self.preemptions = self.hit_rows = 0
         self.clock, self.step_no, self.trace = 0, 0, []
+        self.cancel = set(self.cancel) & set(states)
         total = len(pending)
         while pending or self.waiting or self.running:
             while pending and pending[0].req.arrival <= self.step_no:
@@ -438,7 +469,10 @@ class Engine:
                     self.done.append(s)
                 else:
                     self.waiting.append(s)
-            while self.waiting and len(self.running) < self.max_batch and self._admit(self.waiting[0]):
+            for s in [t for t in self.running + self.waiting if t.req.id in self.cancel
+                      or (t.req.abort is not None and t.req.abort <= self.step_no)]:
+                self._abort(s)
+            while self.waiting and len(self.running) < self.max_running and self._admit(self.waiting[0]):
                 self.waiting.pop(0)
             if not self.running:
                 if self.waiting and not pending:
@@ -455,35 +489,60 @@ class Engine:
         return self._results(states)
 
     # ---- one step ----------------------------------------------------------------------------------
-    def _cache_only(self, s: _State) -> bool:
-        # a prompt row before the prompt's last token: nobody reads its logits, only its cache row
-        return self.prefill == "cache" and s.pos < len(s.req.prompt) - 1
+    def _cache_only(self, s: _State, p: int | None = None) -> bool:
+        # a prompt row before the prompt's last token (row p, default the next one): nobody reads its
+        # logits, only its cache row
+        return self.prefill == "cache" and (s.pos if p is None else p) < len(s.req.prompt) - 1
 
     def _candidates(self) -> list:
-        """The rows of the next step in order: decode rows first, then prompt rows, each by admission."""
+        """The rows of the next step in order, one entry per row (a request's consecutive rows repeat it).
+        Without a token budget: decode rows first, then prompt rows, each by admission, one row per running
+        request. With one (``max_batched_tokens``): prompt rows first (the time to a first token is what
+        the budget is for), a request's cache-only prompt rows up to the budget at once (its last prompt row
+        attends them, so it comes in a later step), then decode rows with what is left."""
         decode = [s for s in self.running if s.pos == len(s.tokens) - 1 and s.pos >= len(s.req.prompt)]
         prompt = [s for s in self.running if s not in decode]
-        return (sorted(decode, key=lambda s: s.order) + sorted(prompt, key=lambda s: s.order))[:self.max_batch]
+        if self.max_batched_tokens is None:
+            return (sorted(decode, key=lambda s: s.order) + sorted(prompt, key=lambda s: s.order))[:self.max_batch]
+        order = sorted(prompt, key=lambda s: s.order) + sorted(decode, key=lambda s: s.order)
+        rows, budget = [], self.max_batched_tokens
+        for s in order:
+            if budget <= 0:
+                break
+            k = min(budget, len(s.req.prompt) - 1 - s.pos) if self._cache_only(s) else 1
+            rows += [s] * k
+            budget -= k
+        return rows
 
-    def _shape(self, s: _State):
-        """What of row `s` decides its batch's program: its context (0: cache-only) and, in resident mode,
-        the length of its block table after this step's append, the row ranges it gathers and its new row
-        (relative to the first row held)."""
-        ctx = 0 if self._cache_only(s) else sink_context(s.pos + 1, self.W, self.S)
+    @staticmethod
+    def _positions(batch) -> list:
+        """Each row's position: a request's first row is its next one, the following ones come after it."""
+        seen: dict = {}
+        out = []
+        for s in batch:
+            out.append(s.pos + seen.get(id(s), 0))
+            seen[id(s)] = seen.get(id(s), 0) + 1
+        return out
+
+    def _shape(self, s: _State, p: int):
+        """What of row `p` of `s` decides its program: its context (0: cache-only) and, in resident mode,
+        the length of its block table once rows up to p are appended, the row ranges it gathers and its
+        new row (relative to the first row held)."""
+        ctx = 0 if self._cache_only(s, p) else sink_context(p + 1, self.W, self.S)
         if self.mode == "book":
             return ctx
         first = self.pt.first_row(s.req.id)
-        n = len(self.pt.table(s.req.id)) + (s.pos % self.page == 0)
-        gathered = None if ctx == 0 else [(lo - first, hi - first) for lo, hi in sink_ranges(s.pos + 1, self.W, self.S)]
-        return ctx, n, gathered, s.pos - first
+        n = len(self.pt.table(s.req.id)) + sum(1 for q in range(s.pos, p + 1) if q % self.page == 0)
+        gathered = None if ctx == 0 else [(lo - first, hi - first) for lo, hi in sink_ranges(p + 1, self.W, self.S)]
+        return ctx, n, gathered, p - first
 
-    def _fits(self, batch) -> bool:
-        shapes = [self._shape(s) for s in batch]
+    def _fits(self, batch, positions) -> bool:
+        shapes = [self._shape(s, p) for s, p in zip(batch, positions)]
         try:
             if self.mode == "book":
                 self.runner.check(tuple(sorted(shapes, reverse=True)))
             else:
-                # the mailbox holds the block tables of all the batch's rows: a budget, not a limit to hit
+                # the mailbox holds the block tables of all the program's rows: a budget, not a limit to hit
                 if sum(sh[1] for sh in shapes) > self.runner.layout.table_cap:
                     return False
                 self.runner.program_for([(0, [0] * n, g, new) for _, n, g, new in shapes])
@@ -491,18 +550,50 @@ class Engine:
             return False
         return True
 
-    def _fit(self, batch) -> list:
-        """The longest head of `batch` the chip takes as one program (its ROM, scratchpad and external memory;
-        in resident mode also the mailbox's block tables): the rows after it wait for a later step."""
-        for k in range(len(batch), 0, -1):
-            if self._fits(batch[:k]):
-                return batch[:k]
-        raise EngineError(f"step {self.step_no}: the row of request {batch[0].req.id} alone does not fit the chip")
+    def _plan(self, rows) -> list:
+        """The step's programs, each the longest head of the rows left that the chip takes as one program
+        (its ROM, scratchpad and external memory; in resident mode also the mailbox's block tables) and at
+        most ``max_batch`` rows. Without a token budget a step is one program and the rows after it wait
+        for a later step; with one, the rows go into as many programs as they need."""
+        positions = self._positions(rows)
+        progs, i = [], 0
+        while i < len(rows) and (self.max_batched_tokens is not None or not progs):
+            for k in range(min(self.max_batch, len(rows) - i), 0, -1):
+                if self._fits(rows[i:i + k], positions[i:i + k]):
+                    break
+            else:
+                raise EngineError(f"step {self.step_no}: the row of request {rows[i].req.id} alone does not fit "
+                                  f"the chip")
+            progs.append(rows[i:i + k])
+            i += k
+        return progs
+
+    def _need(self, batch) -> int:
+        """Pages the batch's appends take: a page for every row that starts one, and the copy of a shared
+        partly filled last page."""
+        need = 0
+        for s, p in zip(batch, self._positions(batch)):
+            if self.alloc == "contiguous":
+                continue
+            if p % self.page == 0:
+                need += 1
+            elif p == s.pos:
+                tail = self.pt.table(s.req.id)[-1]
+                need += int(self.pt.refcount(tail) > 1 or self.pt.is_retained(tail))
+        return need
 
     def _step(self) -> None:
         while True:
-            batch = self._fit(self._candidates())
-            need = sum(self._needs_page(s) for s in batch)
+            rows = self._candidates()
+            while True:
+                progs = self._plan(rows)
+                batch = [s for prog in progs for s in prog]
+                need = self._need(batch)
+                # short of pages: a prompt's later rows wait before any request is preempted
+                extra_rows = [i for i, s in enumerate(rows) if sum(t is s for t in rows[:i]) > 0]
+                if need <= self.available() or not extra_rows:
+                    break
+                del rows[extra_rows[-1]]
             if need <= self.available():
                 break
             victim = max(self.running, key=lambda s: s.order)
@@ -510,38 +601,45 @@ class Engine:
                 raise EngineError(f"request {victim.req.id} alone needs more pages than the pool has")
             self._preempt(victim)
         self._make_free(need)
-        rows = []
+        specs = []
         extra = 0                       # cycles of chip-side page copies (resident mode)
-        for s in batch:
+        for s, p in zip(batch, self._positions(batch)):
             if self.mode == "resident":
                 # the new row's slot first (a page, or the copy of a shared partly filled one); the step
                 # program GATHERs the attended rows and SCATTERs the new one through the block table
-                before, off = self.pt.table(s.req.id), s.pos % self.page
+                before, off = self.pt.table(s.req.id), p % self.page
                 self._letting_go(s, self.pt.append, None)
                 after = self.pt.table(s.req.id)
                 if off and before[-1] != after[-1]:
                     extra += self.runner.copy_page(before[-1], after[-1], off)[0]
                 first = self.pt.first_row(s.req.id)
-                rows.append((s.tokens[s.pos], list(after),
-                             None if self._cache_only(s) else
-                             [(lo - first, hi - first) for lo, hi in sink_ranges(s.pos + 1, self.W, self.S)],
-                             s.pos - first))
+                specs.append((s.tokens[p], list(after),
+                              None if self._cache_only(s, p) else
+                              [(lo - first, hi - first) for lo, hi in sink_ranges(p + 1, self.W, self.S)],
+                              p - first))
                 continue
-            if self._cache_only(s):
-                rows.append((s.tokens[s.pos], None, None))
+            if self._cache_only(s, p):
+                specs.append((s.tokens[p], None, None))
                 continue
             kc, vc = [], []
-            for lo, hi in sink_ranges(s.pos + 1, self.W, self.S):
+            for lo, hi in sink_ranges(p + 1, self.W, self.S):
                 for k, v in self.pt.rows(s.req.id, lo, hi):
                     kc.append(k)
                     vc.append(v)
-            rows.append((s.tokens[s.pos], kc, vc))
-        try:
-            results, counters, _ = self.runner.run(rows)
-        except CompileError as exc:
-            raise EngineError(f"step {self.step_no}: {exc}") from None
-        self.clock += counters[0] + extra
-        for s, res in zip(batch, results):
+            specs.append((s.tokens[p], kc, vc))
+        self.clock += extra
+        cycles, results, ends, i = extra, [], [], 0
+        for prog in progs:              # one after the other; each row's result is there when its program ends
+            try:
+                res, counters, _ = self.runner.run(specs[i:i + len(prog)])
+            except CompileError as exc:
+                raise EngineError(f"step {self.step_no}: {exc}") from None
+            self.clock += counters[0]
+            cycles += counters[0]
+            results += res
+            ends += [self.clock] * len(prog)
+            i += len(prog)
+        for s, res, end in zip(batch, results, ends):     # a request's rows in order: s.pos is this row's
             if self.mode == "book":
                 self._letting_go(s, self.pt.append, (res["k"], res["v"]))
             s.computed_rows += 1
@@ -557,13 +655,13 @@ class Engine:
                     s.tokens.append(res["tok"])
                     s.logits.append(res["logits_int"])
                     if s.first_cycles is None:
-                        s.first_cycles = self.clock
+                        s.first_cycles = end
             s.pos += 1
             if s.pos % self.page == 0:
                 self._cache_page(s, s.pos // self.page - 1)
             self._release_behind(s)
         n_running = len(self.running)
-        for s in batch:
+        for s in {id(s): s for s in batch}.values():
             if s.done:
                 s.finish_cycles = self.clock
                 self.running.remove(s)
@@ -573,18 +671,24 @@ class Engine:
             used = len(self.running) * -(-self.contig_rows // self.page)
         else:
             used = self.owned()
-        self.trace.append({"step": self.step_no, "rows": len(batch), "cycles": counters[0] + extra, "pages": used,
-                           "cached": len(self.page_hash), "running": n_running})
+        self.trace.append({"step": self.step_no, "rows": len(batch), "cycles": cycles, "pages": used,
+                           "cached": len(self.page_hash), "running": n_running, "programs": len(progs)})
 
     def _results(self, states) -> dict:
         out = []
         for s in sorted(states.values(), key=lambda s: s.req.id):
             d = {"id": s.req.id, "prompt": list(s.req.prompt), "gen": s.req.gen, "arrival": s.req.arrival}
+            if s.req.stop:
+                d["stop"] = list(s.req.stop)
             if s.refused:
                 d["refused"] = s.refused
             else:
-                d.update({"tokens": s.tokens[len(s.req.prompt):], "logits_int": s.logits,
-                          "ttft_cycles": s.first_cycles - s.arrival_cycles,
+                toks = s.tokens[len(s.req.prompt):]
+                reason = "abort" if s.aborted is not None else "stop" if toks and toks[-1] in s.req.stop else "length"
+                if s.aborted is not None:
+                    d["aborted"] = s.aborted
+                d.update({"tokens": toks, "logits_int": s.logits, "finish_reason": reason,
+                          "ttft_cycles": None if s.first_cycles is None else s.first_cycles - s.arrival_cycles,
                           "finish_cycles": s.finish_cycles - s.arrival_cycles,
                           "preempted": s.preempted, "prefix_hit_rows": s.hit_rows,
                           "rows_computed": s.computed_rows, "prompt_rows_computed": s.prompt_rows})
@@ -652,13 +756,14 @@ def check_invariants(e: Engine) -> None:
             raise EngineError(f"request {s.req.id} holds {pt.held(s.req.id)} pages; its {s.pos} rows need {want}")
 
 
-def decode_alone(m, prompt, gen, backend, window=None, sinks=0, lat=8, config: ChipConfig = BOOK, runner=None):
-    """Decode one request alone: feed `prompt`, generate `gen` tokens; a plain list is the cache and every
-    row is a one-row program of `host.batch` (the engine's calibration). Returns ``(tokens, logits,
-    records)``: the generated tokens, their integer logits and one record per row (``L``, ``ctx``, ``tok``,
-    ``counters``). A `host.batch.BatchRunner` may be passed as `runner` (its programs are reused; `backend`,
-    `lat` and `config` are then its own)."""
-    _check_request(Request(0, list(prompt), gen))
+def decode_alone(m, prompt, gen, backend, window=None, sinks=0, lat=8, config: ChipConfig = BOOK, runner=None,
+                 stop=()):
+    """Decode one request alone: feed `prompt`, generate `gen` tokens (fewer if one of `stop` comes first:
+    it is the last one); a plain list is the cache and every row is a one-row program of `host.batch` (the
+    engine's calibration). Returns ``(tokens, logits, records)``: the generated tokens, their integer logits
+    and one record per row (``L``, ``ctx``, ``tok``, ``counters``). A `host.batch.BatchRunner` may be passed
+    as `runner` (its programs are reused; `backend`, `lat` and `config` are then its own)."""
+    _check_request(Request(0, list(prompt), gen, stop=tuple(stop)))
     check_sinks(sinks, window)
     runner = runner or BatchRunner(m, backend, lat, config)
     toks, logits, records, cache = list(prompt), [], [], []
@@ -676,4 +781,6 @@ def decode_alone(m, prompt, gen, backend, window=None, sinks=0, lat=8, config: C
         if pos >= len(prompt) - 1:
             toks.append(res["tok"])
             logits.append(res["logits_int"])
+            if res["tok"] in stop:
+                break
     return toks[len(prompt):], logits, records

@@ -52,6 +52,8 @@ def build_parser() -> Parser:
                         "logits_int has one list per generated token")
     p.add_argument("--sinks", type=int_range(0, None), default=0, metavar="S",
                    help="with --prompt and a window: also attend the first S rows (attention sinks)")
+    p.add_argument("--stop", type=token_list, default=None, metavar="T1,T2,...",
+                   help="with --prompt: stop at the first of these tokens generated (it is the last one)")
     p.add_argument("--page", type=int_range(1, None), default=4, metavar="P", help="cache rows per page")
     p.add_argument("--pages", type=int_range(1, None), default=64, metavar="N", help="pages in the pool")
     p.add_argument("--model", choices=("structured", "random"), default="structured",
@@ -89,6 +91,8 @@ def check_args(a) -> None:
         return check_prompt_args(a)
     if getattr(a, "sinks", 0):
         raise UsageError(f"--sinks {a.sinks} needs --prompt (the serving engine's decode)")
+    if getattr(a, "stop", None):
+        raise UsageError("--stop needs --prompt (the serving engine's decode)")
     # the context limit, the pool's bounds and the pages this decode needs: refused before any simulation
     check_decode(a.steps, a.window, a.page, a.pages, config=a.chip)
     if getattr(a, "mode", "book") == "resident":

@@ -114,13 +114,16 @@ def add_replays(a, requests, out) -> None:
 
 def replay_cmd(a, r) -> list:
     """The ``python -m sim.decode`` argument list that replays request `r` alone (same calibration)."""
-    cmd = ["python", "-m", "sim.decode", "--prompt", ",".join(map(str, r["prompt"])), "--steps", str(r["gen"]),
+    steps = len(r["tokens"]) if "aborted" in r else r["gen"]          # a cancelled one: its tokens so far
+    cmd = ["python", "-m", "sim.decode", "--prompt", ",".join(map(str, r["prompt"])), "--steps", str(steps),
            "--window", "none" if a.window is None else str(a.window), "--model", a.model,
            "--chip", a.chip.spec(), "--sim", "reference"]
     if a.sinks:
         cmd += ["--sinks", str(a.sinks)]
     if a.seed_model is not None:
         cmd += ["--seed", str(a.seed_model)]
+    if r.get("stop"):
+        cmd += ["--stop", ",".join(map(str, r["stop"]))]
     return cmd
 
 
@@ -137,7 +140,7 @@ def summary(res: dict) -> dict:
     """The figures of a served trace (integers where they are counts of cycles, rows or pages)."""
     done = [r for r in res["requests"] if "refused" not in r]
     tokens = sum(len(r["tokens"]) for r in done)
-    ttft = [r["ttft_cycles"] for r in done]
+    ttft = [r["ttft_cycles"] for r in done if r["ttft_cycles"] is not None]     # None: cancelled before a token
     tpot = [(r["finish_cycles"] - r["ttft_cycles"]) / (len(r["tokens"]) - 1) for r in done if len(r["tokens"]) > 1]
     pages = [s["pages"] for s in res["steps"]]
     total = res["total_cycles"]
@@ -164,10 +167,13 @@ def serve(a, backend=None, max_batch=None, progress=None) -> dict:
     m = T.make_model(a.model, a.seed_model if a.seed_model is not None else (1 if a.model == "structured" else 2))
     backend = backend or get_backend(a.sim, config=cfg, **backend_options(a))
     reqs = make_trace(a.requests, a.seed, a.prompt_len, a.gen_len, a.prefix_share, a.arrival)
+    for r in reqs:
+        r.stop = tuple(getattr(a, "stop", None) or ())
     e = Engine(m, backend, max_batch=max_batch or a.max_batch, window=a.window, sinks=a.sinks, page=a.page,
                n_pages=a.pages, prefix_cache=not a.no_prefix_cache, alloc=a.alloc,
                contig_rows=a.prompt_len[1] + a.gen_len[1] - 1,
-               lat=cfg.lat if a.lat is None else a.lat, config=cfg, mode=a.mode, prefill=a.prefill)
+               lat=cfg.lat if a.lat is None else a.lat, config=cfg, mode=a.mode, prefill=a.prefill,
+               max_batched_tokens=getattr(a, "max_batched_tokens", None))
     res = e.run(reqs, progress=progress)
     res["owned_at_end"], res["cached_at_end"] = e.owned(), len(e.page_hash)
     res["model"] = m
@@ -197,6 +203,13 @@ def build_parser() -> Parser:
                         f"{PREFIX_LEN} tokens")
     p.add_argument("--max-batch", type=int_range(1, 64), default=4, metavar="B",
                    help="rows per chip program (and running requests) at most")
+    p.add_argument("--max-batched-tokens", type=int_range(1, 256), default=None, metavar="N",
+                   help="rows per engine step at most, a token budget: prompt rows first (a prompt's cache-only "
+                        "rows up to N at once), as many requests running as the pool admits, each step in programs "
+                        "of at most --max-batch rows (default: one row per running request and step)")
+    p.add_argument("--stop", type=token_list, default=None, metavar="T1,T2,...",
+                   help="stop tokens of every request: its generation ends at the first one (its last token) "
+                        "or at its length")
     p.add_argument("--window", type=window, default=8, metavar="{none|N}",
                    help="each row attends its new token and at most N-1 previous ones")
     p.add_argument("--sinks", type=int_range(0, None), default=0, metavar="S",
@@ -320,7 +333,11 @@ def main(argv=None, out=None) -> int:
         bad = []
         done = [r for r in res["requests"] if "refused" not in r]
         for r in done:
-            toks, logits, _ = decode_alone(m, r["prompt"], r["gen"], None, a.window, a.sinks, runner=runner)
+            steps = len(r["tokens"]) if "aborted" in r else r["gen"]
+            if not steps:
+                continue
+            toks, logits, _ = decode_alone(m, r["prompt"], steps, None, a.window, a.sinks, runner=runner,
+                                           stop=r.get("stop", ()))
             if toks != r["tokens"] or logits != r["logits_int"]:
                 bad.append(r["id"])
         if bad:
@@ -451,7 +468,8 @@ def run_prompt_decode(a, out=None) -> dict:
     m = T.make_model(a.model, seed)
     t0 = time.perf_counter()
     backend = get_backend(a.sim, config=cfg, **backend_options(a))
-    toks, logits, recs = decode_alone(m, a.prompt, a.steps, backend, a.window, a.sinks, lat, cfg)
+    toks, logits, recs = decode_alone(m, a.prompt, a.steps, backend, a.window, a.sinks, lat, cfg,
+                                      stop=getattr(a, "stop", None) or ())
     w = "none" if a.window is None else str(a.window)
     print(f"GA-2 decode of a prompt alone: {a.model} model (seed {seed}), prompt {','.join(map(str, a.prompt))}, "
           f"{a.steps} tokens generated, window {w}, sinks {a.sinks}, simulator {a.sim}, chip {cfg.spec()} "

@@ -25,11 +25,13 @@ def _alone(m, r, W, S, runner):
 
 
 def _all_equal_alone(m, res, W, S):
+    # a request stopped by a stop token replays with its stop tokens; a cancelled one as far as it went
     runner = BatchRunner(m, ReferenceMachine())
     for r in res["requests"]:
-        if "refused" in r:
+        if "refused" in r or not r["tokens"]:
             continue
-        toks, logits, _ = _alone(m, r, W, S, runner)
+        gen = len(r["tokens"]) if "aborted" in r else r["gen"]
+        toks, logits, _ = decode_alone(m, r["prompt"], gen, None, W, S, runner=runner, stop=r.get("stop", ()))
         assert toks == r["tokens"], r["id"]
         assert logits == r["logits_int"], r["id"]
 
@@ -130,28 +132,36 @@ def traces(draw):
             prompt = PREFIX[:pl]
         else:
             prompt = draw(st.lists(st.integers(0, 15), min_size=pl, max_size=pl))
-        reqs.append(Request(i, prompt, draw(st.integers(1, 6)), draw(st.integers(0, 5))))
+        # the structured model follows t -> 5t+3 mod 16: one stop set in three is the second token it should give
+        f = lambda t: (5 * t + 3) % 16
+        stop = draw(st.sampled_from([(), (f(f(prompt[-1])),), tuple(draw(st.lists(st.integers(0, 15), max_size=2)))]))
+        abort = draw(st.sampled_from([None] * 12 + list(range(12))))
+        reqs.append(Request(i, prompt, draw(st.integers(1, 6)), draw(st.integers(0, 5)), stop=stop, abort=abort))
     W = draw(st.sampled_from([None, 1, 2, 3, 4, 6]))
     S = 0 if W is None else draw(st.integers(0, 2))
     page = draw(st.integers(1, 4))
     # a request of up to 12 rows fits alone in 12 // page pages: most fit, several at once press the pool
     n_pages = draw(st.integers(max(3, 8 // page), 12 // page + 4))
-    return reqs, W, S, page, n_pages, draw(st.integers(2, 5)), draw(st.sampled_from([True, True, False]))
+    budget = draw(st.sampled_from([None, None, 2, 3, 6]))
+    return reqs, W, S, page, n_pages, draw(st.integers(2, 5)), draw(st.sampled_from([True, True, False])), budget
 
 
 @pytest.mark.timeout(300)
 def test_batch_invariance_over_traces():
-    # every drawn trace: each request equals its replay alone, the invariants hold after every step, the pool
-    # is whole at the end. What the traces exercise is counted: most must batch (a trace that never runs two
-    # rows at once tests nothing of batching) and few requests may be refused (a refused one is not compared)
-    seen = {"traces": 0, "batched": 0, "requests": 0, "refused": 0, "preempted": 0, "hits": 0}
+    # every drawn trace (stop tokens, cancellations, a token budget, prefix hits, preemption, windows and sinks
+    # mixed): each request equals its replay alone, the invariants hold after every step, the pool is whole
+    # at the end. What the traces exercise is counted: most must batch (a trace that never runs two rows at
+    # once tests nothing of batching), few requests may be refused (a refused one is not compared), and
+    # each feature must show up
+    seen = {"traces": 0, "batched": 0, "requests": 0, "refused": 0, "preempted": 0, "hits": 0, "stopped": 0,
+            "aborted": 0, "chunked": 0}
 
     @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow], database=None)
     @given(traces())
     def check(trace):
-        reqs, W, S, page, n_pages, max_batch, prefix = trace
+        reqs, W, S, page, n_pages, max_batch, prefix, budget = trace
         e = Engine(M, ReferenceMachine(), max_batch=max_batch, window=W, sinks=S, page=page, n_pages=n_pages,
-                   prefix_cache=prefix)
+                   prefix_cache=prefix, max_batched_tokens=budget)
         res = e.run(reqs)             # check_invariants after every step
         _all_equal_alone(M, res, W, S)
         assert e.pt.requests() == ()
@@ -159,15 +169,18 @@ def test_batch_invariance_over_traces():
         e.clear_cache()
         assert len(e.pt.free_pages()) == n_pages
         seen["traces"] += 1
-        seen["batched"] += max(st["rows"] for st in res["steps"]) > 1
+        seen["batched"] += max((st["rows"] for st in res["steps"]), default=0) > 1
         seen["requests"] += len(reqs)
         seen["refused"] += sum("refused" in r for r in res["requests"])
         seen["preempted"] += res["preemptions"] > 0
         seen["hits"] += res["prefix_hit_rows"] > 0
+        seen["stopped"] += any(r.get("finish_reason") == "stop" for r in res["requests"])
+        seen["aborted"] += any(r.get("finish_reason") == "abort" for r in res["requests"])
+        seen["chunked"] += any(st["rows"] > st["running"] for st in res["steps"])
     check()
     assert seen["batched"] >= 0.6 * seen["traces"], seen
     assert seen["refused"] <= 0.15 * seen["requests"], seen
-    assert seen["preempted"] >= 1 and seen["hits"] >= 1, seen
+    assert min(seen[k] for k in ("preempted", "hits", "stopped", "aborted", "chunked")) >= 1, seen
 
 
 def test_preemption_by_recompute_gives_identical_results():

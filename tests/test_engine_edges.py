@@ -276,3 +276,110 @@ def test_check_invariants_still_catches_a_page_both_free_and_held():
     e.pt._free.append(p)                    # a cached page also on the free list
     with pytest.raises(EngineError, match=f"page {p} is free and cached or owned"):
         check_invariants(e)
+
+
+# ---- part 3: abort and stop tokens --------------------------------------------------------------------------
+
+@pytest.mark.timeout(120)
+def test_a_request_cancelled_at_any_step_returns_its_pages_and_keeps_a_prefix_of_its_tokens():
+    base = [Request(0, [3, 1, 4, 1], 6, 0), Request(1, [5, 9], 5, 0), Request(2, [2, 6, 5], 4, 1)]
+    kw = dict(max_batch=2, window=4, page=2, n_pages=8)
+    full = Engine(M, ReferenceMachine(), **kw).run(base)
+    runner = BatchRunner(M, ReferenceMachine())
+    aborted = []
+    for step in range(0, 11):
+        reqs = [Request(0, [3, 1, 4, 1], 6, 0, abort=step)] + base[1:]
+        e = Engine(M, ReferenceMachine(), **kw)
+        res = e.run(reqs)             # the invariants after every step: request 0's pages went at once
+        a = res["requests"][0]
+        if a["finish_reason"] != "abort":        # done before the step it was to be cancelled at
+            assert a["tokens"] == full["requests"][0]["tokens"] and "aborted" not in a
+            continue
+        aborted.append(step)
+        assert a["aborted"] == step
+        k = len(a["tokens"])
+        assert a["tokens"] == full["requests"][0]["tokens"][:k]
+        assert (a["ttft_cycles"] is None) == (k == 0)
+        if k:
+            assert decode_alone(M, a["prompt"], k, None, 4, 0, runner=runner)[:2] == (a["tokens"], a["logits_int"])
+        for r, f in zip(res["requests"][1:], full["requests"][1:]):
+            assert (r["tokens"], r["logits_int"], r["finish_reason"]) == (f["tokens"], f["logits_int"], "length")
+        _end_clean(e)
+    assert aborted == list(range(9))
+
+
+@pytest.mark.timeout(60)
+def test_engine_abort_cancels_a_running_and_a_waiting_request_between_steps():
+    reqs = [Request(0, [3, 1, 4], 8, 0), Request(1, [5, 9], 8, 0), Request(2, [2, 6], 3, 0)]
+    e = Engine(M, ReferenceMachine(), max_batch=2, window=None, page=2, n_pages=12)
+    seen = []
+
+    def progress(done, total):
+        seen.append(e.owned())
+        if e.step_no == 3:
+            e.abort(0)                 # running
+            e.abort(2)                 # still waiting: max_batch 2
+    res = e.run(reqs, progress=progress)
+    a, b, c = res["requests"]
+    assert (a["aborted"], len(a["tokens"]), c["aborted"], c["tokens"], c["ttft_cycles"]) == (4, 2, 4, [], None)
+    assert b["finish_reason"] == "length" and len(b["tokens"]) == 8
+    assert seen[4] < seen[3]           # request 0's pages left with it
+    assert _equal_alone(M, {"requests": [b]}, None, 0) == 1
+    _end_clean(e)
+
+
+@pytest.mark.timeout(60)
+def test_generation_ends_at_the_first_stop_token():
+    prompt = [3, 1, 4]
+    toks, _, _ = decode_alone(M, prompt, 8, ReferenceMachine(), window=4)
+    stop = (toks[3],)
+    k = toks.index(toks[3]) + 1
+    reqs = [Request(0, prompt, 8, 0, stop=stop), Request(1, [5, 9], 6, 0, stop=(15,)), Request(2, prompt, 8, 1)]
+    e = Engine(M, ReferenceMachine(), max_batch=3, window=4, page=2, n_pages=12)
+    res = e.run(reqs)
+    a, b, c = res["requests"]
+    assert (a["tokens"], a["finish_reason"], a["stop"]) == (toks[:k], "stop", list(stop))
+    assert c["tokens"] == toks and c["finish_reason"] == "length"
+    assert decode_alone(M, prompt, 8, ReferenceMachine(), window=4, stop=stop)[0] == toks[:k]
+    alone_b = decode_alone(M, [5, 9], 6, ReferenceMachine(), window=4, stop=(15,))
+    assert (b["tokens"], b["logits_int"]) == alone_b[:2]
+    assert b["finish_reason"] == ("stop" if 15 in b["tokens"] else "length")
+    _end_clean(e)
+    with pytest.raises(EngineError, match="stop tokens"):
+        e.run([Request(0, prompt, 2, stop=(16,))])
+
+
+# ---- part 3: a token budget per step -------------------------------------------------------------------------
+
+@pytest.mark.timeout(60)
+def test_a_token_budget_prefills_a_prompt_in_two_steps():
+    # ten prompt tokens: nine cache-only rows in one step (budget 16), the last prompt row in the next
+    prompt = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3]
+    one = Engine(M, ReferenceMachine(), max_batch=4, window=None, page=4, n_pages=16).run([Request(0, prompt, 3)])
+    e = Engine(M, ReferenceMachine(), max_batch=4, window=None, page=4, n_pages=16, max_batched_tokens=16)
+    res = e.run([Request(0, prompt, 3)])
+    assert [s["rows"] for s in one["steps"]] == [1] * 12
+    assert [(s["rows"], s["programs"]) for s in res["steps"]] == [(9, 3), (1, 1), (1, 1), (1, 1)]
+    assert res["requests"][0]["tokens"] == one["requests"][0]["tokens"]
+    assert res["requests"][0]["ttft_cycles"] < one["requests"][0]["ttft_cycles"]
+    _end_clean(e)
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("mode", ["book", "resident"])
+def test_a_token_budget_with_preemption_prefix_hits_and_sinks_equals_each_request_alone(mode):
+    from hdl.config import PRESETS
+    fast = PRESETS["fast"]
+    prompt = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3]
+    reqs = [Request(0, prompt, 4, 0), Request(1, prompt[:7] + [8, 8], 5, 0), Request(2, [9, 2, 6], 6, 1),
+            Request(3, prompt, 3, 6), Request(4, [7] * 8, 4, 2)]
+    kw = dict(max_batch=3, window=4, sinks=1, page=2, n_pages=12, max_batched_tokens=8)
+    if mode == "resident":
+        kw.update(config=fast, mode="resident")
+    e = Engine(M, ReferenceMachine(config=fast if mode == "resident" else None) if mode == "resident"
+               else ReferenceMachine(), **kw)
+    res = e.run(reqs)
+    assert res["preemptions"] > 0 and res["prefix_hit_rows"] > 0
+    assert max(s["rows"] for s in res["steps"]) == 8 and max(s["programs"] for s in res["steps"]) == 3
+    assert _equal_alone(M, res, 4, 1, fast if mode == "resident" else None) == 5
+    _end_clean(e)

@@ -113,6 +113,36 @@ def test_a_batch_larger_than_the_chip_takes_runs_as_smaller_batches(tmp_path, ca
     assert max(st["rows"] for st in doc["steps"]) == 20
 
 
+def test_a_token_budget_halves_the_p99_time_to_first_token_without_losing_throughput():
+    # the default trace: one row per running request and step, against a budget of 16 rows a step (prompt
+    # rows first, a prompt's cache-only rows at once); replays are compared in the engine's tests
+    def run(extra):
+        a = serve.build_parser().parse_args(["--no-verify"] + extra)
+        res = serve.serve(a)
+        res.pop("model")
+        return serve.summary(res)
+    one, budget = run([]), run(["--max-batched-tokens", "16"])
+    assert budget["ttft_p99_cycles"] * 2 <= one["ttft_p99_cycles"]
+    assert budget["tokens_per_mcycle"] >= one["tokens_per_mcycle"]
+    assert budget["tokens_generated"] == one["tokens_generated"] and budget["pages_owned_at_end"] == 0
+
+
+def test_stop_tokens_are_served_and_replayed_with_them(tmp_path, capsys):
+    path = tmp_path / "s.json"
+    status, out = _run(["serve", "--requests", "6", "--seed", "1", "--stop", "0,13", "--max-batched-tokens", "6",
+                        "--json", str(path)], capsys)
+    assert status == 0 and "replays alone: 6 of 6 requests identical" in out, out
+    doc = json.loads(path.read_text())
+    stopped = [r for r in doc["requests"] if r["finish_reason"] == "stop"]
+    assert stopped and all(r["tokens"][-1] in (0, 13) and len(r["tokens"]) <= r["gen"] for r in stopped)
+    r = stopped[0]
+    assert r["replay_cmd"][-2:] == ["--stop", "0,13"]
+    rp = tmp_path / "r.json"
+    assert decode.main(r["replay_cmd"][3:] + ["--quiet", "--json", str(rp)]) == 0
+    assert json.loads(rp.read_text())["tokens"][len(r["prompt"]):] == r["tokens"]
+    capsys.readouterr()
+
+
 def test_bench_serve_meets_the_book_mode_targets(capsys):
     t = serve.serve_targets()
     capsys.readouterr()
