@@ -50,10 +50,12 @@ from host.tiny_lm import V
 from host.window import check_sinks, check_window, sink_context, sink_ranges, trim_point
 
 __all__ = ["Request", "Engine", "EngineError", "decode_alone", "check_invariants", "pages_alone",
-           "kept_pages", "table_alone", "PREFILLS"]
+           "kept_pages", "table_alone", "PREFILLS", "POLICIES"]
 
 # how prompt rows before the prompt's last token run: only their cache row, or the whole model
 PREFILLS = ("cache", "full")
+# the order of admission and preemption: arrival, or priority (higher first) then arrival
+POLICIES = ("fcfs", "priority")
 
 
 class EngineError(ValueError):
@@ -65,13 +67,15 @@ class Request:
     """One request: ``prompt`` tokens (at least one), ``gen`` tokens to generate at most (>= 1), the engine
     step it arrives at; ``stop``: tokens that end its generation (the first one generated is its last token);
     ``abort``: the engine step at which it is cancelled (None: never; `Engine.abort` cancels one at any
-    step too)."""
+    step too); ``priority``: with the engine's policy "priority", a higher one is admitted first and
+    preempts a lower one."""
     id: int
     prompt: list
     gen: int
     arrival: int = 0
     stop: tuple = ()
     abort: int | None = None
+    priority: int = 0
 
 
 @dataclass
@@ -160,6 +164,8 @@ def _check_request(r) -> None:
         raise EngineError(f"request {r.id}: stop tokens must be tokens 0..{V - 1}, got {r.stop!r}")
     if r.abort is not None and (not isinstance(r.abort, int) or isinstance(r.abort, bool) or r.abort < 0):
         raise EngineError(f"request {r.id}: the abort step must be >= 0 or None, got {r.abort!r}")
+    if not isinstance(r.priority, int) or isinstance(r.priority, bool):
+        raise EngineError(f"request {r.id}: the priority must be an integer, got {r.priority!r}")
 
 
 class Engine:
@@ -199,7 +205,7 @@ class Engine:
 
     def __init__(self, m, backend, max_batch=4, window=None, sinks=0, page=4, n_pages=64, prefix_cache=True,
                  alloc="paged", contig_rows=None, watermark=1, lat=8, config: ChipConfig = BOOK, check=True,
-                 mode="book", prefill="cache", max_batched_tokens=None):
+                 mode="book", prefill="cache", max_batched_tokens=None, policy="fcfs"):
         try:
             check_window(window)
             check_sinks(sinks, window)
@@ -222,6 +228,9 @@ class Engine:
                                                isinstance(max_batched_tokens, bool) or max_batched_tokens < 1):
             raise EngineError(f"max_batched_tokens must be an integer >= 1 or None, got {max_batched_tokens!r}")
         self.max_batched_tokens = max_batched_tokens
+        if policy not in POLICIES:
+            raise EngineError(f"policy must be one of {', '.join(POLICIES)}, got {policy!r}")
+        self.policy = policy
         # requests running at once: with a token budget as many as the pool admits (the watermark and
         # preemption bound them), as vLLM's max_num_seqs is far above its batches
         self.max_running = max_batch if max_batched_tokens is None else n_pages
@@ -441,7 +450,16 @@ class Engine:
         s.preempted += 1
         self.preemptions += 1
         self.waiting.append(s)
-        self.waiting.sort(key=lambda t: (t.req.arrival, t.req.id))
+        self.waiting.sort(key=self._queue_key)
+
+    def _queue_key(self, s: _State):
+        """The waiting queue's order: first come, first served, or by priority (higher first) then so."""
+        return (-s.req.priority if self.policy == "priority" else 0, s.req.arrival, s.req.id)
+
+    def _lowest(self, states) -> _State:
+        """The request to preempt among `states`: the lowest priority (policy "priority"), then the most
+        recently admitted."""
+        return max(states, key=lambda s: (-s.req.priority if self.policy == "priority" else 0, s.order))
 
     def run(self, requests, progress=None) -> dict:
         """Serve `requests` (a list of `Request`) to the end; returns the results (see `sim.serve`). The
@@ -469,11 +487,19 @@ class Engine:
                     self.done.append(s)
                 else:
                     self.waiting.append(s)
+            self.waiting.sort(key=self._queue_key)
             for s in [t for t in self.running + self.waiting if t.req.id in self.cancel
                       or (t.req.abort is not None and t.req.abort <= self.step_no)]:
                 self._abort(s)
-            while self.waiting and len(self.running) < self.max_running and self._admit(self.waiting[0]):
-                self.waiting.pop(0)
+            while self.waiting:
+                if len(self.running) < self.max_running and self._admit(self.waiting[0]):
+                    self.waiting.pop(0)
+                    continue
+                # no slot or no pages: under "priority" the head preempts a running request of lower priority
+                lower = [t for t in self.running if t.req.priority < self.waiting[0].req.priority]
+                if self.policy != "priority" or not lower:
+                    break
+                self._preempt(self._lowest(lower))
             if not self.running:
                 if self.waiting and not pending:
                     raise EngineError(f"request {self.waiting[0].req.id} cannot be admitted into an empty pool")
@@ -596,7 +622,7 @@ class Engine:
                 del rows[extra_rows[-1]]
             if need <= self.available():
                 break
-            victim = max(self.running, key=lambda s: s.order)
+            victim = max(self.running, key=lambda s: s.order) if self.policy == "fcfs" else self._lowest(self.running)
             if len(self.running) == 1:
                 raise EngineError(f"request {victim.req.id} alone needs more pages than the pool has")
             self._preempt(victim)
@@ -680,6 +706,8 @@ class Engine:
             d = {"id": s.req.id, "prompt": list(s.req.prompt), "gen": s.req.gen, "arrival": s.req.arrival}
             if s.req.stop:
                 d["stop"] = list(s.req.stop)
+            if s.req.priority:
+                d["priority"] = s.req.priority
             if s.refused:
                 d["refused"] = s.refused
             else:

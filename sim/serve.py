@@ -83,10 +83,12 @@ def _long_tail(gen, lo: int, hi: int) -> int:
 
 
 def make_trace(n: int, seed: int, prompt_len=(2, 16), gen_len=(2, 16), prefix_share: float = 0.0,
-               arrivals=("all", 0.0)) -> list:
-    """The synthetic trace: a list of `host.engine.Request` (ids 0..n-1), a function of its arguments."""
+               arrivals=("all", 0.0), priorities: int = 1) -> list:
+    """The synthetic trace: a list of `host.engine.Request` (ids 0..n-1), a function of its arguments.
+    With ``priorities`` K > 1 each request gets a priority 0..K-1 (drawn apart: the rest is unchanged)."""
     from host.engine import Request
     gen = random.Random(seed)
+    prio = random.Random(f"{seed}:priority")
     prefixes = [[gen.randrange(16) for _ in range(PREFIX_LEN)] for _ in range(N_PREFIXES)]
     t, reqs = 0.0, []
     for i in range(n):
@@ -99,7 +101,7 @@ def make_trace(n: int, seed: int, prompt_len=(2, 16), gen_len=(2, 16), prefix_sh
             prompt = [gen.randrange(16) for _ in range(pl)]
         if arrivals[0] == "poisson" and i:
             t += gen.expovariate(arrivals[1])
-        reqs.append(Request(i, prompt, gl, int(t)))
+        reqs.append(Request(i, prompt, gl, int(t), priority=prio.randrange(priorities) if priorities > 1 else 0))
     return reqs
 
 
@@ -166,14 +168,15 @@ def serve(a, backend=None, max_batch=None, progress=None) -> dict:
     cfg = a.chip
     m = T.make_model(a.model, a.seed_model if a.seed_model is not None else (1 if a.model == "structured" else 2))
     backend = backend or get_backend(a.sim, config=cfg, **backend_options(a))
-    reqs = make_trace(a.requests, a.seed, a.prompt_len, a.gen_len, a.prefix_share, a.arrival)
+    reqs = make_trace(a.requests, a.seed, a.prompt_len, a.gen_len, a.prefix_share, a.arrival,
+                      getattr(a, "priorities", 1))
     for r in reqs:
         r.stop = tuple(getattr(a, "stop", None) or ())
     e = Engine(m, backend, max_batch=max_batch or a.max_batch, window=a.window, sinks=a.sinks, page=a.page,
                n_pages=a.pages, prefix_cache=not a.no_prefix_cache, alloc=a.alloc,
                contig_rows=a.prompt_len[1] + a.gen_len[1] - 1,
                lat=cfg.lat if a.lat is None else a.lat, config=cfg, mode=a.mode, prefill=a.prefill,
-               max_batched_tokens=getattr(a, "max_batched_tokens", None))
+               max_batched_tokens=getattr(a, "max_batched_tokens", None), policy=getattr(a, "policy", "fcfs"))
     res = e.run(reqs, progress=progress)
     res["owned_at_end"], res["cached_at_end"] = e.owned(), len(e.page_hash)
     res["model"] = m
@@ -210,6 +213,11 @@ def build_parser() -> Parser:
     p.add_argument("--stop", type=token_list, default=None, metavar="T1,T2,...",
                    help="stop tokens of every request: its generation ends at the first one (its last token) "
                         "or at its length")
+    p.add_argument("--policy", choices=("fcfs", "priority"), default="fcfs",
+                   help="fcfs: admitted by arrival, the most recently admitted preempted first; priority: a higher "
+                        "priority is admitted first and preempts a lower one (for a slot or for pages)")
+    p.add_argument("--priorities", type=int_range(1, 100), default=1, metavar="K",
+                   help="give each request of the trace a priority 0..K-1 (higher is more urgent; default all 0)")
     p.add_argument("--window", type=window, default=8, metavar="{none|N}",
                    help="each row attends its new token and at most N-1 previous ones")
     p.add_argument("--sinks", type=int_range(0, None), default=0, metavar="S",

@@ -136,20 +136,22 @@ def traces(draw):
         f = lambda t: (5 * t + 3) % 16
         stop = draw(st.sampled_from([(), (f(f(prompt[-1])),), tuple(draw(st.lists(st.integers(0, 15), max_size=2)))]))
         abort = draw(st.sampled_from([None] * 12 + list(range(12))))
-        reqs.append(Request(i, prompt, draw(st.integers(1, 6)), draw(st.integers(0, 5)), stop=stop, abort=abort))
+        reqs.append(Request(i, prompt, draw(st.integers(1, 6)), draw(st.integers(0, 5)), stop=stop, abort=abort,
+                            priority=draw(st.integers(0, 2))))
     W = draw(st.sampled_from([None, 1, 2, 3, 4, 6]))
     S = 0 if W is None else draw(st.integers(0, 2))
     page = draw(st.integers(1, 4))
     # a request of up to 12 rows fits alone in 12 // page pages: most fit, several at once press the pool
     n_pages = draw(st.integers(max(3, 8 // page), 12 // page + 4))
     budget = draw(st.sampled_from([None, None, 2, 3, 6]))
-    return reqs, W, S, page, n_pages, draw(st.integers(2, 5)), draw(st.sampled_from([True, True, False])), budget
+    return (reqs, W, S, page, n_pages, draw(st.integers(2, 5)), draw(st.sampled_from([True, True, False])), budget,
+            draw(st.sampled_from(["fcfs", "priority"])))
 
 
 @pytest.mark.timeout(300)
 def test_batch_invariance_over_traces():
-    # every drawn trace (stop tokens, cancellations, a token budget, prefix hits, preemption, windows and sinks
-    # mixed): each request equals its replay alone, the invariants hold after every step, the pool is whole
+    # every drawn trace (stop tokens, cancellations, a token budget, priorities, prefix hits, preemption,
+    # windows and sinks mixed): each request equals its replay alone, the invariants hold after every step, the pool is whole
     # at the end. What the traces exercise is counted: most must batch (a trace that never runs two rows at
     # once tests nothing of batching), few requests may be refused (a refused one is not compared), and
     # each feature must show up
@@ -159,9 +161,9 @@ def test_batch_invariance_over_traces():
     @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow], database=None)
     @given(traces())
     def check(trace):
-        reqs, W, S, page, n_pages, max_batch, prefix, budget = trace
+        reqs, W, S, page, n_pages, max_batch, prefix, budget, policy = trace
         e = Engine(M, ReferenceMachine(), max_batch=max_batch, window=W, sinks=S, page=page, n_pages=n_pages,
-                   prefix_cache=prefix, max_batched_tokens=budget)
+                   prefix_cache=prefix, max_batched_tokens=budget, policy=policy)
         res = e.run(reqs)             # check_invariants after every step
         _all_equal_alone(M, res, W, S)
         assert e.pt.requests() == ()

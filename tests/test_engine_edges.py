@@ -383,3 +383,45 @@ def test_a_token_budget_with_preemption_prefix_hits_and_sinks_equals_each_reques
     assert max(s["rows"] for s in res["steps"]) == 8 and max(s["programs"] for s in res["steps"]) == 3
     assert _equal_alone(M, res, 4, 1, fast if mode == "resident" else None) == 5
     _end_clean(e)
+
+
+# ---- part 3: priorities ---------------------------------------------------------------------------------------
+
+@pytest.mark.timeout(60)
+def test_a_higher_priority_is_admitted_first():
+    reqs = [Request(0, [3, 1], 2, 0, priority=0), Request(1, [5, 9], 2, 0, priority=2),
+            Request(2, [2, 6], 2, 0, priority=1)]
+    first = {}
+    for policy in ("fcfs", "priority"):
+        e = Engine(M, ReferenceMachine(), max_batch=1, window=4, page=2, n_pages=8, policy=policy)
+        res = e.run(reqs)
+        first[policy] = sorted(range(3), key=lambda i: res["requests"][i]["ttft_cycles"])
+        assert _equal_alone(M, res, 4, 0) == 3
+    assert first == {"fcfs": [0, 1, 2], "priority": [1, 2, 0]}
+
+
+@pytest.mark.timeout(60)
+def test_a_higher_priority_preempts_a_lower_one_for_a_slot_and_when_pages_run_out():
+    # a slot: B (priority 1) arrives while A (priority 0) holds the only one: A gives way and recomputes
+    reqs = [Request(0, [3, 1, 4], 6, 0), Request(1, [5, 9], 3, 2, priority=1)]
+    e = Engine(M, ReferenceMachine(), max_batch=1, window=None, page=2, n_pages=8, policy="priority")
+    res = e.run(reqs)
+    a, b = res["requests"]
+    assert (a["preempted"], b["preempted"]) == (1, 0)
+    assert _equal_alone(M, res, None, 0) == 2
+    same = Engine(M, ReferenceMachine(), max_batch=1, window=None, page=2, n_pages=8).run(reqs)
+    assert [r["preempted"] for r in same["requests"]] == [0, 0]
+    assert b["ttft_cycles"] < same["requests"][1]["ttft_cycles"] // 2        # B no longer waits for A
+    # pages: four requests of 12 rows in 12 pages of 2; the earliest admitted has the lowest priority and is
+    # the one preempted (first come, first served preempts the most recently admitted instead)
+    reqs = [Request(i, [i, (3 * i) % 16, 5], 10, 0, priority=[0, 3, 2, 1][i]) for i in range(4)]
+    pre = {}
+    for policy in ("fcfs", "priority"):
+        e = Engine(MR, ReferenceMachine(), max_batch=4, window=None, page=2, n_pages=12, policy=policy)
+        res = e.run(reqs)
+        pre[policy] = [r["preempted"] for r in res["requests"]]
+        assert _equal_alone(MR, res, None, 0) == 4
+        _end_clean(e)
+    assert pre == {"fcfs": [0, 0, 1, 1], "priority": [1, 0, 0, 1]}
+    with pytest.raises(EngineError, match="policy"):
+        Engine(M, ReferenceMachine(), policy="sjf")

@@ -143,6 +143,19 @@ def test_stop_tokens_are_served_and_replayed_with_them(tmp_path, capsys):
     capsys.readouterr()
 
 
+def test_priorities_with_stop_tokens_and_a_budget_are_served_with_every_replay_identical(tmp_path, capsys):
+    path = tmp_path / "p.json"
+    status, out = _run(["serve", "--requests", "10", "--policy", "priority", "--priorities", "3", "--stop", "0",
+                        "--arrival", "poisson:0.5", "--max-batch", "2", "--pages", "10", "--max-batched-tokens", "4",
+                        "--json", str(path)], capsys)
+    assert status == 0 and "replays alone: 10 of 10 requests identical" in out, out
+    doc = json.loads(path.read_text())
+    assert {r.get("priority", 0) for r in doc["requests"]} == {0, 1, 2} and doc["pages_owned_at_end"] == 0
+    # the priorities come from their own generator: the trace is otherwise the one without them
+    plain = serve.make_trace(10, 3, arrivals=("poisson", 0.5))
+    assert [(r.prompt, r.gen, r.arrival) for r in plain] == [(r["prompt"], r["gen"], r["arrival"]) for r in doc["requests"]]
+
+
 def test_bench_serve_meets_the_book_mode_targets(capsys):
     t = serve.serve_targets()
     capsys.readouterr()
