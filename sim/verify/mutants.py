@@ -155,17 +155,17 @@ MUTANTS: tuple[Mutant, ...] = (
        "host: the trim point is one token too late", T_WIN, T_HOST),
 
     # ---- hardware: the Amaranth blocks ---------------------------------------------------------------
-    _m("hdl", "hdl/requant.py", "m.d.comb += shifted.eq(biased >> self.s)",
-       "m.d.comb += shifted.eq((biased >> self.s) - ((((p + half) & (one_s - 1)) == 0) & (self.s != 0)"
-       " & ~self.acc[31] & (biased >> self.s)[0]))",
+    _m("hdl", "hdl/requant.py", "m.d.comb += shifted.eq(biased >> shift)",
+       "m.d.comb += shifted.eq((biased >> shift) - ((((p + half) & (one_s - 1)) == 0) & (shift != 0)"
+       " & ~neg & (biased >> shift)[0]))",
        "requantizer: positive ties round half to even instead of away from zero", "tests/test_requant.py"),
     _m("hdl", "hdl/requant.py", "m.d.comb += half.eq(one_s[1:])", "m.d.comb += half.eq(0)",
        "requantizer: the rounding half is dropped (truncation)", "tests/test_requant.py"),
-    _m("hdl", "hdl/requant.py", "m.d.comb += biased.eq(p + half - (self.acc[31] & (self.s != 0)))",
+    _m("hdl", "hdl/requant.py", "m.d.comb += biased.eq(p + half - (neg & (shift != 0)))",
        "m.d.comb += biased.eq(p + half)",
        "requantizer: negative ties round toward zero (the -1 of the signed floor is missing)",
        "tests/test_requant.py"),
-    _m("hdl", "hdl/requant.py", "self.q.eq(Mux(self.relu & q[7], 0, q))", "self.q.eq(Mux(self.relu & q[7], -1, q))",
+    _m("hdl", "hdl/requant.py", "self.q.eq(Mux(relu & q[7], 0, q))", "self.q.eq(Mux(relu & q[7], -1, q))",
        "requantizer: relu clamps negatives at -1 instead of 0", "tests/test_requant.py"),
     _m("hdl", "hdl/exp_lut.py", "init=EXP_TABLE)", "init=[e + (d == 40) for d, e in enumerate(EXP_TABLE)])",
        "exp table: entry 40 is one too large", "tests/test_exp_lut.py"),
