@@ -13,6 +13,9 @@
 // stops clocking and blocks until stdin has bytes again: an idle board costs no CPU. A frame cut short
 // is still dropped by the board, since the gap's cycles are simulated before the wait.
 //
+// With GA2BOARD_DEBUG set in its environment it also says on stderr when it goes idle and when the
+// LEDs change (with the cycle).
+//
 // At the end of stdin it prints one line on stderr: `ga2board: runs R cycles C bytes_in I bytes_out O
 // framing_errors F`, R counting the RUNs the board executed (rising edges of LED 3, the RUN-in-progress
 // light: a repeated RUN that the board answers from its stored result does not light it).
@@ -22,6 +25,7 @@
 #include <cerrno>
 #include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <deque>
 #include <memory>
 #include <vector>
@@ -89,6 +93,7 @@ int main(int argc, char** argv) {
     std::deque<uint8_t> inq;
     std::vector<uint8_t> outbuf;
     bool eof = false;
+    uint64_t frames_sent = 0;
     uint64_t cycle = 0, bytes_in = 0, bytes_out = 0, runs = 0, framing = 0;
     // the host's transmitter (our rx driver)
     bool sending = false;
@@ -101,7 +106,10 @@ int main(int argc, char** argv) {
     int rk = 0;
     uint8_t shift = 0;
     bool was_running = false;
+    uint64_t run_last = 0;                      // the last cycle a RUN was in progress (its answer follows)
     uint64_t next_poll = 0;
+    const bool debug = getenv("GA2BOARD_DEBUG") != nullptr;
+    unsigned last_leds = 0;
 
     auto take_input = [&](int timeout_ms) {
         struct pollfd p = {0, POLLIN, 0};
@@ -127,16 +135,26 @@ int main(int argc, char** argv) {
             next_poll = cycle + POLL_EVERY;
         }
         const bool running = (m->leds >> LED_RUNNING) & 1;
+        if (debug && m->leds != last_leds) {
+            std::fprintf(stderr, "leds %u -> %u at %llu (rx_last %llu)\n", last_leds, (unsigned)m->leds,
+                         (unsigned long long)cycle, (unsigned long long)rx_last);
+            last_leds = m->leds;
+        }
         if (running && !was_running) ++runs;
         was_running = running;
+        if (running) run_last = cycle;
         // idle: flush, and block until the host sends something (or stop at the end of its bytes)
         if (!sending && inq.empty() && !running && rstate == HUNT && cycle - rx_last >= idle_limit &&
-            cycle - tx_last >= idle_limit) {
+            cycle - tx_last >= idle_limit && cycle - run_last >= idle_limit) {
             if (!outbuf.empty()) {
                 if (!write_all(outbuf)) break;
                 outbuf.clear();
             }
             if (eof) break;
+            if (debug) std::fprintf(stderr, "idle at %llu rx_last %llu tx_last %llu leds %u in %llu sent %llu\n",
+                                    (unsigned long long)cycle, (unsigned long long)rx_last,
+                                    (unsigned long long)tx_last, (unsigned)m->leds, (unsigned long long)bytes_in,
+                                    (unsigned long long)frames_sent);
             take_input(-1);
             if (inq.empty() && eof) break;
             continue;
@@ -147,6 +165,7 @@ int main(int argc, char** argv) {
         if (!sending && !inq.empty()) {
             cur = inq.front();
             inq.pop_front();
+            ++frames_sent;
             sending = true;
             frame_start = cycle;
             bitk = 0;

@@ -1,0 +1,146 @@
+"""`ga2 board-sim` with the FPGA top in Verilator (issue 20 part 4): the board the bitstream is built from,
+its UART simulated bit by bit behind a pseudo-terminal, driven by `--sim board --port PTY`.
+
+Everything equals `--sim reference` word for word and counter for counter: the book's directed suite and
+a random suite, `ga2 decode --window 4` in book mode (book chip) and in resident mode (`--chip fast`), a
+`ga2 serve` trace; with line faults the results are the same, the retries are counted and printed, and
+no RUN executes twice (the board's own count of RUNs equals the host's); a board-sim killed mid-run
+gives the error line within the timeout. Two Verilator builds (book and fast, cached with the chip
+models); the module runs on one xdist worker, its boards shared by its tests.
+"""
+import json
+import os
+import select
+import subprocess
+import sys
+import time
+
+import pytest
+
+from sim import ga2
+from tests.boardutil import ROOT, BoardSim
+
+pytestmark = [pytest.mark.timeout(1200), pytest.mark.xdist_group("board_sim")]
+
+BUILD = 1200            # seconds a cold build may take on a loaded 2-core machine
+
+
+def _verilator():
+    from sim.backends.verilator_backend import verilator_command
+    if verilator_command() is None:
+        pytest.skip("Verilator is not installed")
+
+
+@pytest.fixture(scope="module")
+def book_sim():
+    _verilator()
+    sim = BoardSim("--chip", "book", timeout=BUILD)
+    yield sim
+    sim.stop()
+
+
+@pytest.fixture(scope="module")
+def fast_sim():
+    _verilator()
+    sim = BoardSim("--chip", "fast", timeout=BUILD)
+    yield sim
+    sim.stop()
+
+
+def _ga2(capsys, *argv):
+    code = ga2.main(list(argv))
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def _decode(capsys, tmp_path, name, *argv):
+    code, out, err = _ga2(capsys, "decode", "--window", "4", "--quiet", "--json", str(tmp_path / name), *argv)
+    assert code == 0, out + err
+    return json.loads((tmp_path / name).read_text()), out
+
+
+def _same_decode(a, b):
+    assert a["tokens"] == b["tokens"] and a["cycles_total"] == b["cycles_total"]
+    assert [r["counters"] for r in a["records"]] == [r["counters"] for r in b["records"]]
+    assert [r["logits_int"] for r in a["records"]] == [r["logits_int"] for r in b["records"]]
+    assert a.get("load") == b.get("load")
+
+
+def test_directed_and_random_suites(book_sim, tmp_path, capsys):
+    port = ["--sim", "board", "--port", book_sim.path]
+    for name, args in (("directed", ["--directed"]), ("random", ["--count", "8", "--seed", "20"])):
+        path = tmp_path / f"{name}.hex"
+        assert _ga2(capsys, "progen", *args, "--out", str(path))[0] == 0
+        code, out, err = _ga2(capsys, "replay", str(path), *port)
+        assert code == 0 and "PASS:" in out and "0 retries" in out, out + err
+
+
+def test_decode_book_mode(book_sim, tmp_path, capsys):
+    steps = ["--steps", "10"]
+    got, out = _decode(capsys, tmp_path, "b.json", *steps, "--sim", "board", "--port", book_sim.path)
+    want, _ = _decode(capsys, tmp_path, "r.json", *steps, "--sim", "reference")
+    _same_decode(got, want)
+    assert got["link"]["runs"] == 10 and f"board link on {book_sim.path}: 10 runs" in out
+
+
+def test_decode_resident_mode_on_fast(fast_sim, tmp_path, capsys):
+    args = ["--steps", "12", "--mode", "resident", "--chip", "fast"]
+    got, out = _decode(capsys, tmp_path, "b.json", *args, "--sim", "board", "--port", fast_sim.path)
+    want, _ = _decode(capsys, tmp_path, "r.json", *args, "--sim", "reference")
+    _same_decode(got, want)
+    assert got["link"]["runs"] == 13          # the load program and 12 steps
+
+
+def test_serve_trace_on_fast(fast_sim, tmp_path, capsys):
+    args = ["serve", "--requests", "4", "--seed", "5", "--prompt-len", "2:5", "--gen-len", "2:5", "--mode",
+            "resident", "--chip", "fast", "--no-verify"]
+    code, out, err = _ga2(capsys, *args, "--sim", "board", "--port", fast_sim.path, "--json", str(tmp_path / "b.json"))
+    assert code == 0 and "board link on" in out, out + err
+    code, _, _ = _ga2(capsys, *args, "--sim", "reference", "--json", str(tmp_path / "r.json"))
+    b, r = (json.loads((tmp_path / f).read_text()) for f in ("b.json", "r.json"))
+    assert b["total_cycles"] == r["total_cycles"] and b["steps"] == r["steps"]
+    assert [(q["tokens"], q["logits_int"]) for q in b["requests"]] == [(q["tokens"], q["logits_int"]) for q in r["requests"]]
+
+
+def test_faults_give_the_same_results_retries_printed_no_run_twice(tmp_path, capsys):
+    _verilator()
+    sim = BoardSim("--chip", "fast", "--faults", "flip:0.001,drop:0.001", "--seed", "3", timeout=BUILD)
+    try:
+        args = ["--steps", "4", "--mode", "resident", "--chip", "fast"]
+        got, out = _decode(capsys, tmp_path, "b.json", *args, "--sim", "board", "--port", sim.path)
+    finally:
+        summary = sim.stop()
+    want, _ = _decode(capsys, tmp_path, "r.json", *args, "--sim", "reference")
+    _same_decode(got, want)
+    link = got["link"]
+    assert link["retries"] > 0 and f"{link['retries']} retries" in out
+    assert BoardSim.runs(summary) == link["runs"] == 5, summary
+    assert "faults: flip 0, drop 0" not in summary
+
+
+def test_a_board_sim_killed_mid_run_gives_the_error_line(fast_sim):
+    cmd = [sys.executable, "-m", "sim.decode", "--window", "4", "--steps", "32", "--mode", "resident", "--chip",
+           "fast", "--sim", "board", "--port", fast_sim.path, "--timeout", "5", "--quiet"]
+    env = dict(os.environ, GA2_PROGRESS_SECONDS="0")
+    p = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    seen = b""
+    try:
+        deadline = time.monotonic() + 300
+        while b"decoding on board: 2/32" not in seen and time.monotonic() < deadline:
+            if select.select([p.stderr], [], [], 1.0)[0]:
+                chunk = os.read(p.stderr.fileno(), 4096)
+                if not chunk:
+                    break
+                seen += chunk
+        assert b"decoding on board: 2/32" in seen, seen
+        fast_sim.kill()
+        t0 = time.monotonic()
+        out, err = p.communicate(timeout=60)
+        assert time.monotonic() - t0 < 10
+    finally:
+        if p.poll() is None:
+            os.kill(p.pid, 9)
+            p.wait()
+    err = (seen + err).decode()
+    lines = [ln for ln in err.splitlines() if not ln.startswith("decoding on")]
+    assert p.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: the board on "), err
