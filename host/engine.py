@@ -46,6 +46,7 @@ from compiler import CompileError
 from hdl.config import BOOK, ChipConfig
 from host.batch import BatchRunner
 from host.pagetable import PageTable
+from host.sampling import check_sampling, logit_scale, sample_token
 from host.tiny_lm import V
 from host.window import check_sinks, check_window, sink_context, sink_ranges, trim_point
 
@@ -68,7 +69,10 @@ class Request:
     step it arrives at; ``stop``: tokens that end its generation (the first one generated is its last token);
     ``abort``: the engine step at which it is cancelled (None: never; `Engine.abort` cancels one at any
     step too); ``priority``: with the engine's policy "priority", a higher one is admitted first and
-    preempts a lower one."""
+    preempts a lower one. ``temperature``, ``top_k``, ``seed``: each generated token is drawn on the host
+    from the row's integer logits (`host.sampling`; temperature 0: the chip's argmax); ``n``: samples of
+    the prompt, sample j seeded apart, all sharing the prompt's pages (forked after its last prompt row,
+    copy-on-write)."""
     id: int
     prompt: list
     gen: int
@@ -76,6 +80,10 @@ class Request:
     stop: tuple = ()
     abort: int | None = None
     priority: int = 0
+    temperature: float = 0.0
+    top_k: int = 0
+    seed: int = 0
+    n: int = 1
 
 
 @dataclass
@@ -95,6 +103,13 @@ class _State:
     prompt_rows: int = 0                # rows computed at prompt positions (recomputations included)
     refused: str | None = None
     aborted: int | None = None          # the engine step it was cancelled at
+    sample: int = 0                     # which of the request's n samples
+    pending: list = field(default_factory=list)  # sample 0: the other samples, forked after its prompt
+
+    @property
+    def rid(self):
+        """Its block table's name: the request id (sample 0) or (request id, sample)."""
+        return self.req.id if self.sample == 0 else (self.req.id, self.sample)
 
     @property
     def done(self) -> bool:
@@ -166,6 +181,9 @@ def _check_request(r) -> None:
         raise EngineError(f"request {r.id}: the abort step must be >= 0 or None, got {r.abort!r}")
     if not isinstance(r.priority, int) or isinstance(r.priority, bool):
         raise EngineError(f"request {r.id}: the priority must be an integer, got {r.priority!r}")
+    why = check_sampling(r.temperature, r.top_k, r.seed, r.n)
+    if why:
+        raise EngineError(f"request {r.id}: {why}")
 
 
 class Engine:
@@ -257,6 +275,7 @@ class Engine:
         self.lru: dict = {}            # cached page -> recency stamp, given when its last reference goes
         self.tick = 0                  # the stamps' counter: never reset (the cache outlives `run`)
         self.cancel: set = set()       # ids of requests to cancel before the next step (`abort`)
+        self.scale = None              # the integer logits' scale (sampling)
         self.trace: list = []          # per step: rows, cycles, pages
 
     # ---- pool --------------------------------------------------------------------------------------
@@ -314,7 +333,7 @@ class Engine:
         it leaves without any reference, its last page first (vLLM's free-block queue: a request's tail is
         older than its head). A page a later request adopts (a prefix hit) is stamped again when that one
         lets go: every hit refreshes its pages."""
-        rid = s.req.id
+        rid = s.rid
         before = self.pt.table(rid)
         op(rid, *args)
         after = set(self.pt.table(rid)) if rid in self.pt.requests() else set()
@@ -363,7 +382,7 @@ class Engine:
         # a page is cached only under a cached parent (its chain's head may have been evicted meanwhile)
         if not self.prefix_cache or h in self.cache or (j and parent not in self.cache):
             return
-        p = self.pt.table(s.req.id)[j - self.pt.dropped(s.req.id)]
+        p = self.pt.table(s.rid)[j - self.pt.dropped(s.rid)]
         if p is None or p in self.page_hash:
             return
         self.pt.retain(p)
@@ -385,6 +404,9 @@ class Engine:
         if need > self.n_pages:
             return (f"request {s.req.id} can never fit: {rows} rows need {need} pages of {self.page} rows "
                     f"alone and the pool has {self.n_pages}")
+        if s.req.n > self.max_running:
+            return (f"request {s.req.id} asks for {s.req.n} samples and at most {self.max_running} requests run "
+                    f"at once")
         if self.mode == "resident":
             cap, n = self.runner.layout.table_cap, table_alone(rows, self.W, self.S, self.page)
             if n > cap:
@@ -402,7 +424,7 @@ class Engine:
             R = -(-self.contig_rows // self.page)
             if (len(self.running) + 1) * R > self.n_pages:
                 return False
-            self.pt.new(s.req.id)
+            self.pt.new(s.rid)
             s.pos = 0
         else:
             pages, n = self._match(s.tokens) if self.prefix_cache else ([], 0)
@@ -416,12 +438,12 @@ class Engine:
                 pages, n = [], 0
             if pages:
                 # the adopted pages leave the evictable ones; they are stamped again when this request lets go
-                self.pt.adopt(s.req.id, pages, n)
+                self.pt.adopt(s.rid, pages, n)
                 s.hashes = [self.page_hash[p] for p in pages[:n // self.page]]
                 s.hit_rows += n
                 self.hit_rows += n
             else:
-                self.pt.new(s.req.id)
+                self.pt.new(s.rid)
             s.pos = n
             self._release_behind(s)
         self.counter += 1
@@ -440,8 +462,10 @@ class Engine:
             self._letting_go(s, self.pt.release)
         else:
             self.waiting.remove(s)
-        s.aborted, s.finish_cycles = self.step_no, self.clock
-        self.done.append(s)
+        for t in [s] + s.pending:           # samples not forked yet go with their first
+            t.aborted, t.finish_cycles = self.step_no, self.clock
+            self.done.append(t)
+        s.pending = []
 
     def _preempt(self, s: _State) -> None:
         self.running.remove(s)
@@ -471,12 +495,19 @@ class Engine:
             raise EngineError("request ids must be distinct")
         if self.alloc == "contiguous" and self.contig_rows is None:
             self.contig_rows = max((len(r.prompt) + r.gen - 1 for r in reqs), default=1)
-        states = {r.id: _State(r, list(r.prompt)) for r in reqs}
-        pending = sorted(states.values(), key=lambda s: (s.req.arrival, s.req.id))
+        states = {}
+        for r in reqs:
+            states[r.id, 0] = _State(r, list(r.prompt))
+            for j in range(1, r.n):
+                states[r.id, j] = _State(r, list(r.prompt), sample=j)
+                states[r.id, 0].pending.append(states[r.id, j])
+        pending = sorted((t for t in states.values() if t.sample == 0), key=lambda s: (s.req.arrival, s.req.id))
+        if any(r.temperature for r in reqs) and self.scale is None:
+            self.scale = logit_scale(self.m, self.config)
         self.waiting, self.running, self.done = [], [], []
         self.counter = self.preemptions = self.hit_rows = 0
         self.clock, self.step_no, self.trace = 0, 0, []
-        self.cancel = set(self.cancel) & set(states)
+        self.cancel = set(self.cancel) & {r.id for r in reqs}
         total = len(pending)
         while pending or self.waiting or self.running:
             while pending and pending[0].req.arrival <= self.step_no:
@@ -484,7 +515,9 @@ class Engine:
                 s.arrival_cycles = self.clock
                 s.refused = self._refusal(s)
                 if s.refused:
-                    self.done.append(s)
+                    for t in [s] + s.pending:
+                        t.refused = s.refused
+                        self.done.append(t)
                 else:
                     self.waiting.append(s)
             self.waiting.sort(key=self._queue_key)
@@ -492,7 +525,8 @@ class Engine:
                       or (t.req.abort is not None and t.req.abort <= self.step_no)]:
                 self._abort(s)
             while self.waiting:
-                if len(self.running) < self.max_running and self._admit(self.waiting[0]):
+                slots = len(self.running) + sum(len(t.pending) for t in self.running) + 1 + len(self.waiting[0].pending)
+                if slots <= self.max_running and self._admit(self.waiting[0]):
                     self.waiting.pop(0)
                     continue
                 # no slot or no pages: under "priority" the head preempts a running request of lower priority
@@ -557,8 +591,8 @@ class Engine:
         ctx = 0 if self._cache_only(s, p) else sink_context(p + 1, self.W, self.S)
         if self.mode == "book":
             return ctx
-        first = self.pt.first_row(s.req.id)
-        n = len(self.pt.table(s.req.id)) + sum(1 for q in range(s.pos, p + 1) if q % self.page == 0)
+        first = self.pt.first_row(s.rid)
+        n = len(self.pt.table(s.rid)) + sum(1 for q in range(s.pos, p + 1) if q % self.page == 0)
         gathered = None if ctx == 0 else [(lo - first, hi - first) for lo, hi in sink_ranges(p + 1, self.W, self.S)]
         return ctx, n, gathered, p - first
 
@@ -604,7 +638,7 @@ class Engine:
             if p % self.page == 0:
                 need += 1
             elif p == s.pos:
-                tail = self.pt.table(s.req.id)[-1]
+                tail = self.pt.table(s.rid)[-1]
                 need += int(self.pt.refcount(tail) > 1 or self.pt.is_retained(tail))
         return need
 
@@ -633,12 +667,12 @@ class Engine:
             if self.mode == "resident":
                 # the new row's slot first (a page, or the copy of a shared partly filled one); the step
                 # program GATHERs the attended rows and SCATTERs the new one through the block table
-                before, off = self.pt.table(s.req.id), p % self.page
+                before, off = self.pt.table(s.rid), p % self.page
                 self._letting_go(s, self.pt.append, None)
-                after = self.pt.table(s.req.id)
+                after = self.pt.table(s.rid)
                 if off and before[-1] != after[-1]:
                     extra += self.runner.copy_page(before[-1], after[-1], off)[0]
-                first = self.pt.first_row(s.req.id)
+                first = self.pt.first_row(s.rid)
                 specs.append((s.tokens[p], list(after),
                               None if self._cache_only(s, p) else
                               [(lo - first, hi - first) for lo, hi in sink_ranges(p + 1, self.W, self.S)],
@@ -649,7 +683,7 @@ class Engine:
                 continue
             kc, vc = [], []
             for lo, hi in sink_ranges(p + 1, self.W, self.S):
-                for k, v in self.pt.rows(s.req.id, lo, hi):
+                for k, v in self.pt.rows(s.rid, lo, hi):
                     kc.append(k)
                     vc.append(v)
             specs.append((s.tokens[p], kc, vc))
@@ -665,6 +699,7 @@ class Engine:
             results += res
             ends += [self.clock] * len(prog)
             i += len(prog)
+        forked = []
         for s, res, end in zip(batch, results, ends):     # a request's rows in order: s.pos is this row's
             if self.mode == "book":
                 self._letting_go(s, self.pt.append, (res["k"], res["v"]))
@@ -672,13 +707,14 @@ class Engine:
             s.prompt_rows += s.pos < len(s.req.prompt)
             if s.pos >= len(s.req.prompt) - 1:
                 g = s.pos - (len(s.req.prompt) - 1)         # index of the generated token this row gives
+                tok = self._pick(s, res["logits_int"], g, res["tok"])
                 if g < len(s.logits):
-                    if s.tokens[s.pos + 1] != res["tok"] or s.logits[g] != res["logits_int"]:
-                        raise EngineError(f"request {s.req.id}: recomputing row {s.pos} gave token {res['tok']} "
+                    if s.tokens[s.pos + 1] != tok or s.logits[g] != res["logits_int"]:
+                        raise EngineError(f"request {s.rid}: recomputing row {s.pos} gave token {tok} "
                                           f"and logits {res['logits_int']}, not token {s.tokens[s.pos + 1]} and "
                                           f"logits {s.logits[g]}: batch invariance is broken")
                 else:
-                    s.tokens.append(res["tok"])
+                    s.tokens.append(tok)
                     s.logits.append(res["logits_int"])
                     if s.first_cycles is None:
                         s.first_cycles = end
@@ -686,8 +722,10 @@ class Engine:
             if s.pos % self.page == 0:
                 self._cache_page(s, s.pos // self.page - 1)
             self._release_behind(s)
+            if s.pending and s.pos == len(s.req.prompt):
+                forked += self._fork(s, res, end)
         n_running = len(self.running)
-        for s in {id(s): s for s in batch}.values():
+        for s in list({id(s): s for s in batch}.values()) + forked:
             if s.done:
                 s.finish_cycles = self.clock
                 self.running.remove(s)
@@ -700,10 +738,37 @@ class Engine:
         self.trace.append({"step": self.step_no, "rows": len(batch), "cycles": cycles, "pages": used,
                            "cached": len(self.page_hash), "running": n_running, "programs": len(progs)})
 
+    def _pick(self, s: _State, logits, g: int, argmax: int) -> int:
+        """Generated token g of `s` from its row's integer logits: the chip's argmax, or a draw."""
+        r = s.req
+        return sample_token(logits, self.scale, r.temperature, r.top_k, r.seed, s.sample, g, argmax)
+
+    def _fork(self, s: _State, res, end) -> list:
+        """Sample 0 of a request has computed its last prompt row: the other samples start from its block
+        table (its pages shared, a partly filled one copied at its first write) and the same logits, each
+        with its own first token."""
+        out = []
+        for c in s.pending:
+            self.pt.fork(s.rid, c.rid)
+            c.pos, c.hashes = s.pos, list(s.hashes)
+            c.tokens = list(s.req.prompt) + [self._pick(c, res["logits_int"], 0, res["tok"])]
+            c.logits = [res["logits_int"]]
+            c.arrival_cycles, c.first_cycles = s.arrival_cycles, end
+            self.counter += 1
+            c.order = self.counter
+            self.running.append(c)
+            out.append(c)
+        s.pending = []
+        return out
+
     def _results(self, states) -> dict:
         out = []
-        for s in sorted(states.values(), key=lambda s: s.req.id):
+        for _, s in sorted(states.items()):
             d = {"id": s.req.id, "prompt": list(s.req.prompt), "gen": s.req.gen, "arrival": s.req.arrival}
+            if s.req.n > 1:
+                d["sample"] = s.sample
+            if s.req.temperature:
+                d.update(temperature=s.req.temperature, top_k=s.req.top_k, seed=s.req.seed)
             if s.req.stop:
                 d["stop"] = list(s.req.stop)
             if s.req.priority:
@@ -773,25 +838,27 @@ def check_invariants(e: Engine) -> None:
             raise EngineError(f"cached page {p}: its parent page is not cached (no lookup can reach it)")
         if p not in refs and p not in e.lru:
             raise EngineError(f"cached page {p} is evictable but has no recency stamp")
-    live = {s.req.id for s in e.running}
+    live = {s.rid for s in e.running}
     if set(pt.requests()) != live:
-        raise EngineError(f"block tables {sorted(pt.requests())} for running requests {sorted(live)}")
+        raise EngineError(f"block tables {sorted(pt.requests(), key=str)} for running requests {sorted(live, key=str)}")
     for s in e.running:
-        if s.pos != pt.length(s.req.id):
-            raise EngineError(f"request {s.req.id}: {pt.length(s.req.id)} rows cached, position {s.pos}")
+        if s.pos != pt.length(s.rid):
+            raise EngineError(f"request {s.rid}: {pt.length(s.rid)} rows cached, position {s.pos}")
         want = kept_pages(s.pos, e.W, e.S, e.page)
-        if pt.held(s.req.id) > want:
-            raise EngineError(f"request {s.req.id} holds {pt.held(s.req.id)} pages; its {s.pos} rows need {want}")
+        if pt.held(s.rid) > want:
+            raise EngineError(f"request {s.rid} holds {pt.held(s.rid)} pages; its {s.pos} rows need {want}")
 
 
 def decode_alone(m, prompt, gen, backend, window=None, sinks=0, lat=8, config: ChipConfig = BOOK, runner=None,
-                 stop=()):
+                 stop=(), temperature=0.0, top_k=0, seed=0, sample=0):
     """Decode one request alone: feed `prompt`, generate `gen` tokens (fewer if one of `stop` comes first:
     it is the last one); a plain list is the cache and every row is a one-row program of `host.batch` (the
     engine's calibration). Returns ``(tokens, logits, records)``: the generated tokens, their integer logits
     and one record per row (``L``, ``ctx``, ``tok``, ``counters``). A `host.batch.BatchRunner` may be passed
-    as `runner` (its programs are reused; `backend`, `lat` and `config` are then its own)."""
-    _check_request(Request(0, list(prompt), gen, stop=tuple(stop)))
+    as `runner` (its programs are reused; `backend`, `lat` and `config` are then its own). With a temperature
+    each token is drawn as the engine draws sample `sample` of a request with that `top_k` and `seed`."""
+    _check_request(Request(0, list(prompt), gen, stop=tuple(stop), temperature=temperature, top_k=top_k,
+                           seed=seed, n=sample + 1))
     check_sinks(sinks, window)
     runner = runner or BatchRunner(m, backend, lat, config)
     toks, logits, records, cache = list(prompt), [], [], []
@@ -807,8 +874,11 @@ def decode_alone(m, prompt, gen, backend, window=None, sinks=0, lat=8, config: C
         records.append({"L": pos + 1, "ctx": 0 if kc is None else len(kc) + 1, "tok": res["tok"],
                         "counters": counters})
         if pos >= len(prompt) - 1:
-            toks.append(res["tok"])
+            tok = res["tok"] if not temperature else sample_token(
+                res["logits_int"], runner.check((1,)).tag_scales["logits"], temperature, top_k, seed, sample,
+                len(logits), res["tok"])
+            toks.append(tok)
             logits.append(res["logits_int"])
-            if res["tok"] in stop:
+            if tok in stop:
                 break
     return toks[len(prompt):], logits, records

@@ -54,6 +54,14 @@ def build_parser() -> Parser:
                    help="with --prompt and a window: also attend the first S rows (attention sinks)")
     p.add_argument("--stop", type=token_list, default=None, metavar="T1,T2,...",
                    help="with --prompt: stop at the first of these tokens generated (it is the last one)")
+    from sim.serve import temperature
+    p.add_argument("--temperature", type=temperature, default=0.0, metavar="T",
+                   help="with --prompt: draw each token from the integer logits at temperature T (host.sampling; "
+                        "0: the chip's argmax)")
+    p.add_argument("--top-k", type=int_range(0, 16), default=0, metavar="K", help="with --temperature: the K largest only")
+    p.add_argument("--sample-seed", type=int, default=0, metavar="S", help="with --temperature: the request's seed")
+    p.add_argument("--sample", type=int_range(0, 15), default=0, metavar="J",
+                   help="with --temperature: which sample of the request (sim.serve --n) to draw")
     p.add_argument("--page", type=int_range(1, None), default=4, metavar="P", help="cache rows per page")
     p.add_argument("--pages", type=int_range(1, None), default=64, metavar="N", help="pages in the pool")
     p.add_argument("--model", choices=("structured", "random"), default="structured",
@@ -91,8 +99,8 @@ def check_args(a) -> None:
         return check_prompt_args(a)
     if getattr(a, "sinks", 0):
         raise UsageError(f"--sinks {a.sinks} needs --prompt (the serving engine's decode)")
-    if getattr(a, "stop", None):
-        raise UsageError("--stop needs --prompt (the serving engine's decode)")
+    if getattr(a, "stop", None) or getattr(a, "temperature", 0):
+        raise UsageError("--stop and --temperature need --prompt (the serving engine's decode)")
     # the context limit, the pool's bounds and the pages this decode needs: refused before any simulation
     check_decode(a.steps, a.window, a.page, a.pages, config=a.chip)
     if getattr(a, "mode", "book") == "resident":

@@ -66,6 +66,17 @@ def arrival(text: str):
     raise argparse.ArgumentTypeError(f"must be 'all' or 'poisson:RATE' with RATE > 0, got {text!r}")
 
 
+def temperature(text: str) -> float:
+    """An argparse type: a finite number >= 0."""
+    try:
+        t = float(text)
+    except ValueError:
+        t = -1.0
+    if not (math.isfinite(t) and t >= 0):
+        raise argparse.ArgumentTypeError(f"must be a number >= 0, got {text!r}")
+    return t
+
+
 def fraction(text: str) -> float:
     try:
         f = float(text)
@@ -126,6 +137,9 @@ def replay_cmd(a, r) -> list:
         cmd += ["--seed", str(a.seed_model)]
     if r.get("stop"):
         cmd += ["--stop", ",".join(map(str, r["stop"]))]
+    if r.get("temperature"):
+        cmd += ["--temperature", str(r["temperature"]), "--top-k", str(r["top_k"]), "--sample-seed", str(r["seed"]),
+                "--sample", str(r.get("sample", 0))]
     return cmd
 
 
@@ -172,6 +186,9 @@ def serve(a, backend=None, max_batch=None, progress=None) -> dict:
                       getattr(a, "priorities", 1))
     for r in reqs:
         r.stop = tuple(getattr(a, "stop", None) or ())
+        # sampling: each request's seed is its id (sample j of it draws apart, host.sampling)
+        r.temperature, r.top_k, r.n, r.seed = getattr(a, "temperature", 0.0), getattr(a, "top_k", 0), \
+            getattr(a, "n", 1), r.id
     e = Engine(m, backend, max_batch=max_batch or a.max_batch, window=a.window, sinks=a.sinks, page=a.page,
                n_pages=a.pages, prefix_cache=not a.no_prefix_cache, alloc=a.alloc,
                contig_rows=a.prompt_len[1] + a.gen_len[1] - 1,
@@ -213,6 +230,13 @@ def build_parser() -> Parser:
     p.add_argument("--stop", type=token_list, default=None, metavar="T1,T2,...",
                    help="stop tokens of every request: its generation ends at the first one (its last token) "
                         "or at its length")
+    p.add_argument("--temperature", type=temperature, default=0.0, metavar="T",
+                   help="draw each token on the host from the row's integer logits at temperature T (0: the chip's "
+                        "argmax); the seed of a request is its id")
+    p.add_argument("--top-k", type=int_range(0, 16), default=0, metavar="K",
+                   help="with --temperature: draw among the K largest logits only (0: all)")
+    p.add_argument("--n", type=int_range(1, 16), default=1, metavar="N",
+                   help="samples of every prompt, sharing its pages (forked after its last prompt row, copy on write)")
     p.add_argument("--policy", choices=("fcfs", "priority"), default="fcfs",
                    help="fcfs: admitted by arrival, the most recently admitted preempted first; priority: a higher "
                         "priority is admitted first and preempts a lower one (for a slot or for pages)")
@@ -345,7 +369,8 @@ def main(argv=None, out=None) -> int:
             if not steps:
                 continue
             toks, logits, _ = decode_alone(m, r["prompt"], steps, None, a.window, a.sinks, runner=runner,
-                                           stop=r.get("stop", ()))
+                                           stop=r.get("stop", ()), temperature=r.get("temperature", 0.0),
+                                           top_k=r.get("top_k", 0), seed=r.get("seed", 0), sample=r.get("sample", 0))
             if toks != r["tokens"] or logits != r["logits_int"]:
                 bad.append(r["id"])
         if bad:
@@ -477,7 +502,9 @@ def run_prompt_decode(a, out=None) -> dict:
     t0 = time.perf_counter()
     backend = get_backend(a.sim, config=cfg, **backend_options(a))
     toks, logits, recs = decode_alone(m, a.prompt, a.steps, backend, a.window, a.sinks, lat, cfg,
-                                      stop=getattr(a, "stop", None) or ())
+                                      stop=getattr(a, "stop", None) or (), temperature=getattr(a, "temperature", 0.0),
+                                      top_k=getattr(a, "top_k", 0), seed=getattr(a, "sample_seed", 0),
+                                      sample=getattr(a, "sample", 0))
     w = "none" if a.window is None else str(a.window)
     print(f"GA-2 decode of a prompt alone: {a.model} model (seed {seed}), prompt {','.join(map(str, a.prompt))}, "
           f"{a.steps} tokens generated, window {w}, sinks {a.sinks}, simulator {a.sim}, chip {cfg.spec()} "

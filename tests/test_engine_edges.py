@@ -425,3 +425,49 @@ def test_a_higher_priority_preempts_a_lower_one_for_a_slot_and_when_pages_run_ou
     assert pre == {"fcfs": [0, 0, 1, 1], "priority": [1, 0, 0, 1]}
     with pytest.raises(EngineError, match="policy"):
         Engine(M, ReferenceMachine(), policy="sjf")
+
+
+# ---- part 3: sampling -----------------------------------------------------------------------------------------
+
+def test_sampling_is_a_function_of_the_logits_the_seed_the_sample_and_the_index():
+    from host.sampling import sample_token
+    logits = [3, -7, 12, 12, 0, 5, -1, 9, 2, 4, 1, 0, -3, 6, 7, 8]
+    assert sample_token(logits, 0.07, 0.0, 4, 1, 0, 0, argmax=2) == 2            # temperature 0: the chip's
+    assert sample_token(logits, 0.07, 0.8, 1, 1, 0, 0, argmax=3) == 2            # top-1: the lower of the ties
+    draws = [sample_token(logits, 0.07, 0.8, 4, seed, 0, 0, argmax=2) for seed in range(200)]
+    assert set(draws) == {2, 3, 7, 15}                                            # the top 4 only, each drawn
+    assert draws == [sample_token(logits, 0.07, 0.8, 4, seed, 0, 0, argmax=2) for seed in range(200)]
+    again = [[sample_token(logits, 0.07, 0.8, 4, 5, j, g, argmax=2) for g in range(8)] for j in range(3)]
+    assert len({tuple(a) for a in again}) == 3                                    # samples draw apart
+    hot = [sample_token(logits, 0.07, 100.0, 0, seed, 0, 0, argmax=2) for seed in range(400)]
+    assert len(set(hot)) == 16
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("mode", ["book", "resident"])
+def test_n_samples_share_the_prompt_and_each_equals_its_replay_alone(mode):
+    # the random model: its logits are close enough for a temperature of 0.8 to matter
+    from hdl.config import BOOK, PRESETS
+    cfg = PRESETS["fast"] if mode == "resident" else BOOK
+    prompt = [3, 1, 4, 1, 5, 9, 2]
+    reqs = [Request(0, prompt, 6, 0, temperature=0.8, top_k=4, seed=11, n=3, stop=(0,)),
+            Request(1, [5, 9], 5, 0, temperature=1.5, seed=2),
+            Request(2, prompt[:5], 4, 1, priority=1), Request(3, [7, 7, 7], 6, 2, temperature=0.5, top_k=2, n=2)]
+    kw = dict(max_batch=4, window=None, page=2, n_pages=14, max_batched_tokens=6, config=cfg, mode=mode)
+    e = Engine(MR, ReferenceMachine(config=cfg), **kw)
+    res = e.run(reqs)
+    rows = {(r["id"], r.get("sample", 0)): r for r in res["requests"]}
+    assert sorted(rows) == [(0, 0), (0, 1), (0, 2), (1, 0), (2, 0), (3, 0), (3, 1)]
+    runner = BatchRunner(MR, ReferenceMachine(config=cfg), cfg.lat, cfg)
+    for (i, j), r in rows.items():
+        q = reqs[i]
+        steps = len(r["tokens"]) if "aborted" in r else q.gen
+        alone = decode_alone(MR, q.prompt, steps, None, None, 0, runner=runner, stop=q.stop,
+                             temperature=q.temperature, top_k=q.top_k, seed=q.seed, sample=j)
+        assert alone[:2] == (r["tokens"], r["logits_int"]), (i, j)
+        if j:                           # forked after sample 0's last prompt row: no prompt row of its own
+            assert r["prompt_rows_computed"] == 0 or r["preempted"], (i, j)
+    samples = [rows[0, j]["tokens"] for j in range(3)]
+    assert len({tuple(t) for t in samples}) > 1                 # the samples differ
+    assert all(rows[0, j]["logits_int"][0] == rows[0, 0]["logits_int"][0] for j in range(3))
+    _end_clean(e)

@@ -156,6 +156,29 @@ def test_priorities_with_stop_tokens_and_a_budget_are_served_with_every_replay_i
     assert [(r.prompt, r.gen, r.arrival) for r in plain] == [(r["prompt"], r["gen"], r["arrival"]) for r in doc["requests"]]
 
 
+def test_sampling_with_n_samples_priorities_and_stop_tokens_replays_every_sample(tmp_path, capsys):
+    # issue 21's command on a small trace with priorities; the random model, whose logits are close enough
+    # for a temperature of 0.8 to draw different tokens
+    path = tmp_path / "n.json"
+    status, out = _run(["serve", "--requests", "6", "--model", "random", "--policy", "priority", "--priorities", "3",
+                        "--stop", "0", "--temperature", "0.8", "--top-k", "4", "--n", "2", "--json", str(path)], capsys)
+    assert status == 0 and "replays alone: 12 of 12 requests identical" in out, out
+    doc = json.loads(path.read_text())
+    pairs = {}
+    for r in doc["requests"]:
+        pairs.setdefault(r["id"], []).append(r["tokens"])
+    assert sorted(r.get("sample") for r in doc["requests"]) == [0] * 6 + [1] * 6
+    assert any(a != b for a, b in pairs.values())             # the samples of a prompt draw apart
+    r = next(r for r in doc["requests"] if r["sample"] == 1 and len(r["tokens"]) > 1)
+    assert r["replay_cmd"][-8:] == ["--temperature", "0.8", "--top-k", "4", "--sample-seed", str(r["id"]),
+                                    "--sample", "1"]
+    rp = tmp_path / "r.json"
+    assert decode.main(r["replay_cmd"][3:] + ["--quiet", "--json", str(rp)]) == 0
+    alone = json.loads(rp.read_text())
+    assert (alone["tokens"][len(r["prompt"]):], alone["logits_int"]) == (r["tokens"], r["logits_int"])
+    capsys.readouterr()
+
+
 def test_bench_serve_meets_the_book_mode_targets(capsys):
     t = serve.serve_targets()
     capsys.readouterr()
