@@ -386,3 +386,33 @@ def test_resident_serving_on_verilator_equals_the_reference():
     b = Engine(M, get_backend("verilator", config=fast), config=fast, mode="resident", **kw).run(reqs)
     assert a == b
     assert (a["prefix_hit_rows"] > 0, a["preemptions"] > 0) == (True, True)
+
+
+# ---- issue 21: one trace with every scheduler feature, on Verilator in both modes ------------------------
+
+def _every_feature():
+    # stop tokens, a cancellation, priorities, sampling with two samples, a token budget, a shared prefix,
+    # a window with a sink, a pool small enough to preempt (the random model: sampling draws apart)
+    reqs = [Request(0, PREFIX[:7], 5, 0, temperature=0.8, top_k=4, seed=1, n=2),
+            Request(1, PREFIX[:6] + [3], 4, 0, stop=(0, 11), priority=1),
+            Request(2, [2, 2, 9], 6, 1, abort=5), Request(3, PREFIX[:5], 3, 2, priority=2, temperature=2.0),
+            Request(4, [9, 4], 4, 3, stop=(4,))]
+    kw = dict(max_batch=3, window=4, sinks=1, page=2, n_pages=9, max_batched_tokens=5, policy="priority")
+    return reqs, kw
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("mode", ["book", "resident"])
+def test_a_trace_with_every_feature_on_verilator_equals_the_reference(mode):
+    from hdl.config import BOOK, PRESETS
+    from sim.backends import get_backend
+    cfg = PRESETS["fast"] if mode == "resident" else BOOK
+    reqs, kw = _every_feature()
+    kw.update(config=cfg, mode=mode)
+    a = Engine(MR, ReferenceMachine(config=cfg), **kw).run(reqs)
+    b = Engine(MR, get_backend("verilator", config=cfg), **kw).run(reqs)
+    assert a == b
+    reasons = {r.get("finish_reason") for r in a["requests"]}
+    assert reasons == {"stop", "abort", "length"} and a["preemptions"] > 0 and a["prefix_hit_rows"] > 0
+    assert max(s["programs"] for s in a["steps"]) > 1
+    _all_equal_alone(MR, a, 4, 1)
