@@ -226,7 +226,7 @@ def _step_bytes(log) -> dict:
     out = sum(r["bytes_out"] for r in log) / n
     back = sum(r["bytes_in"] for r in log) / n
     return {"runs": len(log), "bytes_out": out, "bytes_in": back, "bytes": out + back,
-            "retries": sum(r["retries"] for r in log)}
+            "frames": sum(r["frames"] for r in log) / n, "retries": sum(r["retries"] for r in log)}
 
 
 def board_figures(board, config, window, steps: int, lat: int, fmax_hz=None, out=None) -> dict:
@@ -260,7 +260,8 @@ def board_figures(board, config, window, steps: int, lat: int, fmax_hz=None, out
     print(f"board link ({board.port}; the board's clock {hello.clk_hz / 1e6:g} MHz, {hello.baud:,} baud): payload "
           f"{link['payload_out_per_s']:,.0f} bytes/s to the board and {link['payload_in_per_s']:,.0f} from it "
           f"({link['words']} words each way in frames of up to {hello.max_payload} bytes); line "
-          f"{rate:,.0f} bytes/s both ways together (the nominal line: {nominal:,.0f} bytes/s each way)", file=out)
+          f"{rate:,.0f} bytes/s both ways together (the nominal line: {nominal:,.0f} bytes/s each way; on a "
+          f"simulated board the measured rates are the simulation's)", file=out)
     for mode, (first, st, cycles) in per_mode.items():
         link_tps = rate / st["bytes"] if st["bytes"] else float("inf")
         nominal_tps = nominal / st["bytes"] if st["bytes"] else float("inf")
@@ -269,12 +270,14 @@ def board_figures(board, config, window, steps: int, lat: int, fmax_hz=None, out
         both = 1 / (1 / link_tps + 1 / chip_tps)
         what = "the first step" if mode == "book" else "the load program"
         figures["modes"][mode] = {"first_bytes": first["bytes"], "step_bytes_out": st["bytes_out"],
-                                  "step_bytes_in": st["bytes_in"], "step_cycles": cycles,
+                                  "step_bytes_in": st["bytes_in"], "step_frames": st["frames"],
+                                  "step_cycles": cycles,
                                   "link_tokens_per_s": link_tps, "chip_tokens_per_s": chip_tps,
                                   "tokens_per_s": board_tps, "serial_tokens_per_s": both,
                                   "nominal_link_tokens_per_s": nominal_tps, "retries": st["retries"]}
         print(f"{mode:>9} mode: {st['bytes']:,.0f} host bytes per step ({st['bytes_out']:,.0f} to the board, "
-              f"{st['bytes_in']:,.0f} back; {what}: {first['bytes']:,.0f}), {cycles:,.0f} cycles per step; tokens "
+              f"{st['bytes_in']:,.0f} back, in {st['frames']:.1f} exchanges; {what}: {first['bytes']:,.0f}), "
+              f"{cycles:,.0f} cycles per step; tokens "
               f"per second: link-bound {link_tps:,.1f} (at the nominal line {nominal_tps:,.1f}), chip-bound "
               f"{chip_tps:,.1f} at {clk / 1e6:g} MHz: the board would give {board_tps:,.1f} "
               f"({'link' if link_tps < chip_tps else 'chip'}-bound; {both:,.1f} with transfer and run one after "
