@@ -434,7 +434,7 @@ MUTANTS: tuple[Mutant, ...] = (
     _m("host", "host/engine.py", _STAMP, _STAMP.replace(" == 0:", " == 0 and p not in self.lru:"),
        "engine: a cached page's recency is that of its first release (a prefix hit does not refresh it)",
        f"{T_EDGES}::test_a_prefix_hit_refreshes_the_recency_of_the_pages_it_reuses"),
-    _m("host", "host/engine.py", 'if s.tokens[s.pos + 1] != res["tok"] or s.logits[g] != res["logits_int"]:',
+    _m("host", "host/engine.py", 'if s.tokens[s.pos + 1] != tok or s.logits[g] != res["logits_int"]:',
        "if False:", "engine: a recomputed row is not checked against the first computation",
        f"{T_EDGES}::test_a_recomputed_row_that_differs_stops_the_engine"),
     _m("host", "host/engine.py", "    if n % page:", "    if False:",
