@@ -134,6 +134,14 @@ def main_chips(a, out) -> int:
         from sim.cli import UsageError
         raise UsageError(f"--chips {a.chips}{' --cluster' if a.cluster else ''}: --mode {a.mode} is not built "
                          "for several chips yet (use --mode book)")
+    # issue 21's scheduler options are one chip's engine for now: refused rather than silently dropped
+    extra = [opt for opt, on in (("--stop", a.stop), ("--temperature", a.temperature), ("--n", a.n > 1),
+                                 ("--max-batched-tokens", a.max_batched_tokens), ("--policy", a.policy != "fcfs"),
+                                 ("--priorities", a.priorities > 1)) if on]
+    if extra:
+        from sim.cli import UsageError
+        raise UsageError(f"--chips {a.chips}{' --cluster' if a.cluster else ''}: {', '.join(extra)} not built for "
+                         "several chips yet")
     t0 = time.perf_counter()
     with contextlib.ExitStack() as stack:
         cluster = None
