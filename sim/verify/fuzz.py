@@ -174,7 +174,8 @@ def fuzz(backend, reference, count: int, seed: int, ext: int | None = None, lat:
             where = (f"pc {pc} ({describe(c.program[pc])})" if pc is not None
                      else "pc unknown (only the full program differs)")
             print(f"FAIL program {c.index} (seed {seed}, EXT {c.ext}, LAT {c.lat}): first differing instruction "
-                  f"{where}; {diff}; reproduce: {reproduce_command(sim, seed, c.index, c.ext, c.lat, budget, config)}",
+                  f"{where}; {diff}; reproduce: {reproduce_command(sim, seed, c.index, c.ext, c.lat, budget, config)}"
+                  + (f" --port {backend.port}" if sim == "board" else ""),
                   file=out, flush=True)
         if progress is not None:
             done = min(lo + chunk, first + count) - first
