@@ -43,6 +43,9 @@ OUT writes C from x = X0 = (K-1)*C + max(3, C-1) while the array finishes, and t
 
     B = (K-1)*C + max(3, C-1) + M*N + 1.
 
+C, S, X0 and the group counts are computed from the instruction register's fields and latched at E0 with
+the operands (no arithmetic between the operand register and the array's feed; docs/rq-pipe.md).
+
 With both at 0 none of it exists (the Verilog is the same as without these parameters).
 """
 from amaranth.hdl import Cat, Module, Mux, Signal, signed
@@ -416,27 +419,37 @@ class MatrixUnit(SpadUnit):
         if cfg.mm_pack:
             pb = opr.pb
             tb = opr.tb & ~pb           # a packed B is never transposed
-            b_words = Mux(pb, (N + 3) >> 2, N)
         else:
-            pb, tb, b_words = None, opr.tb, N
+            pb, tb = None, opr.tb
 
         # C = max(ceil(M/L), cB) cycles a k; S = (K-1)*(C-1) + 2 the array's first cycle; X0 =
-        # (K-1)*C + max(3, C-1) the first write (hdl.isa.mm_busy_cycles).
-        c_a = Signal(range(n_arr + 1), name="c_a")
-        c_b = Signal(range(n_arr + 1), name="c_b")
-        c = Signal(range(n_arr + 1), name="c_k")
+        # (K-1)*C + max(3, C-1) the first write (hdl.isa.mm_busy_cycles). They depend on M, K, N and pb
+        # only, so they are computed from the instruction register's fields and latched at E0 with the
+        # operands (`sched`): no arithmetic between the operand register and the array's feed, where the
+        # chip's longest path ran once the requantizer had its register (docs/synthesis.md).
+        M_i, K_i, N_i = (operand(self.ins, Op.MM, f) for f in ("M", "K", "N"))
+        if cfg.mm_pack:
+            b_words_i = Mux(operand(self.ins, Op.MM, "pb"), (N_i + 3) >> 2, N_i)
+        else:
+            b_words_i = N_i
+        c_a_i = Signal(range(n_arr + 1), name="c_a_i")
+        c_b_i = Signal(range(n_arr + 1), name="c_b_i")
+        c_i = Signal(range(n_arr + 1), name="c_k_i")
         km1 = Signal(len(K), name="km1")
         span = cfg.row_depth * n_arr
         prod = Signal(range(span + 1), name="prod")
+        m.d.comb += [
+            c_a_i.eq((M_i + (L - 1)) >> lg_load), c_b_i.eq((b_words_i + (L - 1)) >> lg_load),
+            c_i.eq(Mux(c_a_i > c_b_i, c_a_i, c_b_i)),
+            km1.eq(K_i - 1), prod.eq(km1 * c_i),
+        ]
+        c_a = Signal(range(n_arr + 1), name="c_a")
+        c_b = Signal(range(n_arr + 1), name="c_b")
+        c = Signal(range(n_arr + 1), name="c_k")
         s_run = Signal(range(span + 3), name="s_run")
         x_out = Signal(range(span + n_arr + 1), name="x_out")
-        m.d.comb += [
-            c_a.eq((M + (L - 1)) >> lg_load), c_b.eq((b_words + (L - 1)) >> lg_load),
-            c.eq(Mux(c_a > c_b, c_a, c_b)),
-            km1.eq(K - 1), prod.eq(km1 * c),
-            s_run.eq(prod - km1 + 2),
-            x_out.eq(prod + Mux(c > 4, c - 1, 3)),
-        ]
+        sched = [c_a.eq(c_a_i), c_b.eq(c_b_i), c.eq(c_i), s_run.eq(prod - km1 + 2),
+                 x_out.eq(prod + Mux(c_i > 4, c_i - 1, 3))]
         # x runs to the last write, X0 + M*N - 1; t = x - S, as wide (no wrap back into 0..K+M+N-3)
         x = Signal(range(span + n_arr + n_arr * n_arr + 2), name="x")
         t = Signal.like(x, name="t")
@@ -494,6 +507,7 @@ class MatrixUnit(SpadUnit):
                     a_base = operand(self.ins, Op.MM, "A")
                     b_base = operand(self.ins, Op.MM, "B")
                     self.begin(m, opr)
+                    m.d.sync += sched
                     m.d.sync += [x.eq(0), ks.eq(0), gs.eq(0), stg.eq(1), va.eq(0), vb.eq(0),
                                  pa.eq(a_base), ra.eq(a_base), pbp.eq(b_base), rb.eq(b_base)]
                     m.next = "LOAD"
