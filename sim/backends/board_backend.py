@@ -199,6 +199,8 @@ class Link:
         tell the fixed latency, larger ones the time per byte beyond it (each the slowest recent one)."""
         if nbytes <= 128:
             self._latency = max(seconds, 0.9 * self._latency)
+            if self._spb == 0:              # a first guess for large ones: the small one's time per byte
+                self._spb = seconds / nbytes
         else:
             self._spb = max(max(seconds - self._latency, 0.0) / nbytes, 0.9 * self._spb)
 
