@@ -73,3 +73,34 @@ class BoardSim:
         m = re.search(r"(\d+) RUNs? executed", summary)
         assert m, summary
         return int(m.group(1))
+
+
+def kill_mid_decode(sim: BoardSim, cmd: list[str], reach: float, finish: float = 10.0) -> str:
+    """Run the decode `cmd` (progress lines on stderr) against `sim`, SIGKILL the board once step 2 is
+    under way (within `reach` seconds), and return the command's stderr after checking that it ended
+    within `finish` seconds with exit status 2 and one error line naming the board (no traceback)."""
+    env = dict(os.environ, GA2_PROGRESS_SECONDS="0")       # a progress line per step on stderr
+    p = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
+    seen = b""
+    try:
+        deadline = time.monotonic() + reach
+        while b"decoding on board: 2/32" not in seen and time.monotonic() < deadline:    # mid-decode
+            if select.select([p.stderr], [], [], 1.0)[0]:
+                chunk = os.read(p.stderr.fileno(), 4096)
+                if not chunk:
+                    break
+                seen += chunk
+        assert b"decoding on board: 2/32" in seen, seen
+        sim.kill()
+        t0 = time.monotonic()
+        _, err = p.communicate(timeout=finish + 50)
+        assert time.monotonic() - t0 < finish
+    finally:
+        if p.poll() is None:
+            os.kill(p.pid, signal.SIGKILL)
+            p.wait()
+    err = (seen + err).decode()
+    lines = [ln for ln in err.splitlines() if not ln.startswith("decoding on")]
+    assert p.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: the board on "), err
+    assert "Traceback" not in err
+    return err

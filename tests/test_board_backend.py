@@ -4,8 +4,6 @@ failures), and through a real pseudo-terminal of `ga2 board-sim --model` (the co
 
 Everything must equal `--sim reference` word for word and counter for counter; every failure is one line.
 """
-import os
-import subprocess
 import sys
 import time
 
@@ -19,7 +17,7 @@ from sim.backends.board_backend import BoardBackend, BoardError
 from sim.board.boardsim import ModelLine
 from sim.board.faults import FaultSpec, FaultyLine, parse_faults
 from sim.board.model import BoardModel
-from tests.boardutil import ROOT, BoardSim
+from tests.boardutil import BoardSim, kill_mid_decode
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -262,31 +260,7 @@ def test_another_chip_through_the_pty_is_one_line(book_board, capsys):
     assert "carries the chip book, and this run is for the chip fast" in err
 
 
-def test_a_killed_board_sim_gives_the_error_line_quickly(tmp_path):
-    import select
+def test_a_killed_board_sim_gives_the_error_line_quickly():
     sim = BoardSim("--model", "--chip", "book")
-    cmd = [sys.executable, "-m", "sim.decode", "--window", "4", "--steps", "32", "--sim", "board", "--port",
-           sim.path, "--timeout", "5", "--quiet"]
-    env = dict(os.environ, GA2_PROGRESS_SECONDS="0")       # a progress line per step on stderr
-    p = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
-    try:
-        seen, deadline = b"", time.monotonic() + 60
-        while b"decoding on board: 2/32" not in seen and time.monotonic() < deadline:    # mid-decode
-            if select.select([p.stderr], [], [], 1.0)[0]:
-                chunk = os.read(p.stderr.fileno(), 4096)
-                if not chunk:
-                    break
-                seen += chunk
-        assert b"decoding on board: 2/32" in seen, seen
-        sim.kill()
-        t0 = time.monotonic()
-        out, err = p.communicate(timeout=30)
-        assert time.monotonic() - t0 < 10
-    finally:
-        if p.poll() is None:
-            os.kill(p.pid, 9)
-            p.wait()
-    err = (seen + err).decode()
-    assert p.returncode == 2, (out, err)
-    lines = [ln for ln in err.splitlines() if not ln.startswith("decoding on")]
-    assert len(lines) == 1 and lines[0].startswith("error: the board on ") and "Traceback" not in err, err
+    kill_mid_decode(sim, [sys.executable, "-m", "sim.decode", "--window", "4", "--steps", "32", "--sim", "board",
+                          "--port", sim.path, "--timeout", "5", "--quiet"], reach=60)

@@ -9,16 +9,12 @@ gives the error line within the timeout. Two Verilator builds (book and fast, ca
 models); the module runs on one xdist worker, its boards shared by its tests.
 """
 import json
-import os
-import select
-import subprocess
 import sys
-import time
 
 import pytest
 
 from sim import ga2
-from tests.boardutil import ROOT, BoardSim
+from tests.boardutil import BoardSim, kill_mid_decode
 
 pytestmark = [pytest.mark.timeout(1200), pytest.mark.xdist_group("board_sim")]
 
@@ -119,28 +115,6 @@ def test_faults_give_the_same_results_retries_printed_no_run_twice(tmp_path, cap
 
 
 def test_a_board_sim_killed_mid_run_gives_the_error_line(fast_sim):
-    cmd = [sys.executable, "-m", "sim.decode", "--window", "4", "--steps", "32", "--mode", "resident", "--chip",
-           "fast", "--sim", "board", "--port", fast_sim.path, "--timeout", "5", "--quiet"]
-    env = dict(os.environ, GA2_PROGRESS_SECONDS="0")
-    p = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env)
-    seen = b""
-    try:
-        deadline = time.monotonic() + 300
-        while b"decoding on board: 2/32" not in seen and time.monotonic() < deadline:
-            if select.select([p.stderr], [], [], 1.0)[0]:
-                chunk = os.read(p.stderr.fileno(), 4096)
-                if not chunk:
-                    break
-                seen += chunk
-        assert b"decoding on board: 2/32" in seen, seen
-        fast_sim.kill()
-        t0 = time.monotonic()
-        out, err = p.communicate(timeout=60)
-        assert time.monotonic() - t0 < 10
-    finally:
-        if p.poll() is None:
-            os.kill(p.pid, 9)
-            p.wait()
-    err = (seen + err).decode()
-    lines = [ln for ln in err.splitlines() if not ln.startswith("decoding on")]
-    assert p.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: the board on "), err
+    kill_mid_decode(fast_sim, [sys.executable, "-m", "sim.decode", "--window", "4", "--steps", "32", "--mode",
+                               "resident", "--chip", "fast", "--sim", "board", "--port", fast_sim.path,
+                               "--timeout", "5", "--quiet"], reach=300)

@@ -209,6 +209,58 @@ def _emit_chip_verilog(ext: int, lat: int, config: ChipConfig = BOOK) -> str:
     return p.stdout
 
 
+def objcache_command(root: Path) -> str:
+    """The OBJCACHE command for make (`_OBJCACHE` written beside the models once, named by its text):
+    reuses the run-time library's objects of earlier builds in ``<root>/objects``."""
+    script = root / f"objcache-{_digest(_OBJCACHE)[:12]}.py"
+    if not script.exists():
+        tmp = script.with_name(f".{script.name}.{os.getpid()}")
+        tmp.write_text(_OBJCACHE)
+        os.replace(tmp, script)
+    return " ".join(shlex.quote(str(a)) for a in (sys.executable, script, root / "objects"))
+
+
+def compile_model(tool: list[str], root: Path, final: Path, sources: dict[str, str], top: str, prefix: str,
+                  exe: str, defines: list[str], what: str, verbose: bool) -> None:
+    """Build one Verilator executable into the directory `final` (the chip models and the board top).
+
+    `sources` maps file names (Verilog, then the C++ driver) to their text. The build runs in a private
+    directory under `root` that becomes `final` by an atomic rename, never half-built; the run-time
+    library's objects come from `objcache_command`. A failed build raises `BackendUnavailable` naming its log.
+    """
+    t0 = time.perf_counter()
+    if verbose:
+        print(f"verilator: building {what} (once; cached in {final}) ...", file=sys.stderr, flush=True)
+    work = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=root))
+    for name, text in sources.items():
+        (work / name).write_text(text)
+    cmd = tool + VERILATOR_FLAGS + [
+        "-j", str(min(os.cpu_count() or 1, 4)), "--top-module", top, "--prefix", prefix,
+        "--Mdir", "obj", "-o", exe, "-CFLAGS", " ".join(defines), *sources]
+    log_path = root / f"{final.name}-build.log"
+    env = dict(os.environ, OBJCACHE=objcache_command(root))
+    with open(log_path, "w") as log:
+        log.write(" ".join(cmd) + "\n\n")
+        log.flush()
+        try:
+            rc = subprocess.run(cmd, cwd=work, stdout=log, stderr=subprocess.STDOUT, env=env).returncode
+        except OSError as e:
+            rc = f"{e}"
+    built = work / "obj" / exe
+    if rc != 0 or not built.exists():
+        shutil.rmtree(work, ignore_errors=True)
+        raise BackendUnavailable(f"the Verilator build failed (exit {rc}) for {what}; see {log_path}")
+    shutil.move(str(built), work / exe)
+    shutil.rmtree(work / "obj", ignore_errors=True)     # megabytes of objects nobody reads again
+    shutil.copy(log_path, work / "build.log")
+    try:
+        os.rename(work, final)
+    except OSError:                 # someone else finished first: theirs is identical
+        shutil.rmtree(work, ignore_errors=True)
+    if verbose:
+        print(f"verilator: built in {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
+
+
 def _chip_harness(ext: int, lat: int, config: ChipConfig = BOOK):
     from hdl.harness import ChipHarness
     return ChipHarness(ext_words=ext, lat=lat, config=config)
@@ -325,49 +377,12 @@ class VerilatorBackend(Backend):
         return exe
 
     def _build(self, final: Path, verilog_text: str, driver: str, defines: list[str], ext: int, lat: int):
-        t0 = time.perf_counter()
-        if self.verbose:
-            print(f"verilator: building the chip model for EXT={ext} LAT={lat} (once; cached in {final}) ...",
-                  file=sys.stderr, flush=True)
-        work = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=self.build_root))
-        (work / "harness.v").write_text(verilog_text)
-        (work / "main.cpp").write_text(driver)
-        cmd = self.tool + VERILATOR_FLAGS + [
-            "-j", str(min(os.cpu_count() or 1, 4)), "--top-module", TOP, "--prefix", PREFIX,
-            "--Mdir", "obj", "-o", EXE, "-CFLAGS", " ".join(defines), "harness.v", "main.cpp"]
-        log_path = self.build_root / f"{final.name}-build.log"
-        env = dict(os.environ, OBJCACHE=self._objcache())
-        with open(log_path, "w") as log:
-            log.write(" ".join(cmd) + "\n\n")
-            log.flush()
-            try:
-                rc = subprocess.run(cmd, cwd=work, stdout=log, stderr=subprocess.STDOUT, env=env).returncode
-            except OSError as e:
-                rc = f"{e}"
-        built = work / "obj" / EXE
-        if rc != 0 or not built.exists():
-            shutil.rmtree(work, ignore_errors=True)
-            raise BackendUnavailable(f"the Verilator build failed (exit {rc}); see {log_path}")
-        shutil.move(str(built), work / EXE)
-        shutil.rmtree(work / "obj", ignore_errors=True)     # megabytes of objects nobody reads again
-        shutil.copy(log_path, work / "build.log")
-        try:
-            os.rename(work, final)
-        except OSError:                 # someone else finished first: theirs is identical
-            shutil.rmtree(work, ignore_errors=True)
+        compile_model(self.tool, self.build_root, final, {"harness.v": verilog_text, "main.cpp": driver},
+                      TOP, PREFIX, EXE, defines, f"the chip model for EXT={ext} LAT={lat}", self.verbose)
         self.builds += 1
-        if self.verbose:
-            print(f"verilator: built in {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
 
     def _objcache(self) -> str:
-        """The OBJCACHE command for make (`_OBJCACHE` written beside the models once, named by its text):
-        reuses the run-time library's objects of earlier builds in ``<cache root>/objects``."""
-        script = self.build_root / f"objcache-{_digest(_OBJCACHE)[:12]}.py"
-        if not script.exists():
-            tmp = script.with_name(f".{script.name}.{os.getpid()}")
-            tmp.write_text(_OBJCACHE)
-            os.replace(tmp, script)
-        return " ".join(shlex.quote(str(a)) for a in (sys.executable, script, self.build_root / "objects"))
+        return objcache_command(self.build_root)
 
     # ---- running ----------------------------------------------------------------------------------
 

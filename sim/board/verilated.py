@@ -15,11 +15,8 @@ from __future__ import annotations
 import fcntl
 import os
 import select
-import shutil
 import subprocess
 import sys
-import tempfile
-import time
 from pathlib import Path
 
 from hdl.config import BOOK, ChipConfig
@@ -85,51 +82,14 @@ def board_executable(config: ChipConfig = BOOK, clk_hz: int = 25_000_000, baud: 
             with open(root / f"{digest}.lock", "w") as lock2:
                 fcntl.flock(lock2, fcntl.LOCK_EX)
                 if not exe.exists():
-                    _build(tool, root, final, text, driver, defines, config, verbose)
+                    vb.compile_model(tool, root, final, {"board.v": text, "main.cpp": driver}, TOP, PREFIX,
+                                     EXE, defines, f"the board top for --chip {config.spec()}", verbose)
         if vb._hdl_source_key() == source_key:
             shortcut.parent.mkdir(parents=True, exist_ok=True)
             tmp = shortcut.with_name(f".{shortcut.name}.{os.getpid()}")
             tmp.write_text(final.name + "\n")
             os.replace(tmp, shortcut)
     return exe
-
-
-def _build(tool, root: Path, final: Path, text: str, driver: str, defines, config: ChipConfig, verbose: bool):
-    from sim.backends import verilator_backend as vb
-    t0 = time.perf_counter()
-    if verbose:
-        print(f"verilator: building the board top for --chip {config.spec()} (once; cached in {final}) ...",
-              file=sys.stderr, flush=True)
-    work = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=root))
-    (work / "board.v").write_text(text)
-    (work / "main.cpp").write_text(driver)
-    cmd = tool + vb.VERILATOR_FLAGS + [
-        "-j", str(min(os.cpu_count() or 1, 4)), "--top-module", TOP, "--prefix", PREFIX, "--Mdir", "obj",
-        "-o", EXE, "-CFLAGS", " ".join(defines), "board.v", "main.cpp"]
-    log_path = root / f"{final.name}-build.log"
-    objcache = vb.VerilatorBackend.__new__(vb.VerilatorBackend)     # only its OBJCACHE script, for the root
-    objcache.build_root = root
-    env = dict(os.environ, OBJCACHE=objcache._objcache())
-    with open(log_path, "w") as log:
-        log.write(" ".join(cmd) + "\n\n")
-        log.flush()
-        try:
-            rc = subprocess.run(cmd, cwd=work, stdout=log, stderr=subprocess.STDOUT, env=env).returncode
-        except OSError as e:
-            rc = f"{e}"
-    built = work / "obj" / EXE
-    if rc != 0 or not built.exists():
-        shutil.rmtree(work, ignore_errors=True)
-        raise BackendUnavailable(f"the Verilator build of the board failed (exit {rc}); see {log_path}")
-    shutil.move(str(built), work / EXE)
-    shutil.rmtree(work / "obj", ignore_errors=True)
-    shutil.copy(log_path, work / "build.log")
-    try:
-        os.rename(work, final)
-    except OSError:                     # someone else finished first: theirs is identical
-        shutil.rmtree(work, ignore_errors=True)
-    if verbose:
-        print(f"verilator: built in {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
 
 
 class VerilatedBoard:
