@@ -23,6 +23,10 @@ program (`host.batch`). The KV cache of every request lives in one `host.pagetab
 - Batches the chip can take: each step runs the longest head of its rows whose program fits the chip (and,
   in resident mode, whose block tables fit the mailbox); the others wait. A request whose single row could
   never fit is refused on arrival. An idle engine goes straight to the next arrival.
+- A token budget (``max_batched_tokens``, issue 21): up to that many rows a step, in programs of at most
+  ``max_batch`` rows, as many requests running as the pool admits; prefill first, and the full rows (last
+  prompt rows, decode rows) in whole programs, since a program with a full row costs about five times one
+  of cache-only rows alone (`_candidates`).
 - Attention sinks: ``sinks = S`` keeps rows 0..S-1 of every request besides the window (`host.window.
   sink_ranges`); the pages between are released (`PageTable.punch`).
 - Prefill (``prefill = "cache"``, the default): a prompt row before the prompt's last token runs as a
@@ -105,6 +109,7 @@ class _State:
     aborted: int | None = None          # the engine step it was cancelled at
     sample: int = 0                     # which of the request's n samples
     pending: list = field(default_factory=list)  # sample 0: the other samples, forked after its prompt
+    ran: int = -1                       # the last step a full row of it was chosen for (a token budget)
 
     @property
     def rid(self):
@@ -199,9 +204,10 @@ class Engine:
         Rows per chip program at most (and, without ``max_batched_tokens``, running requests and rows per
         step: one program a step).
     max_batched_tokens : int or None
-        Rows per step at most, a token budget: prompt rows first, a request's cache-only prompt rows several
-        in one step; the requests the pool admits run; a step runs as many programs of at most ``max_batch``
-        rows as its rows need (None: one row per running request, ``max_batch`` running, one program a step).
+        Rows per step at most, a token budget: prefill first, a request's cache-only prompt rows several in
+        one step, full rows (last prompt rows, decode rows) in whole programs (`_candidates`); the requests
+        the pool admits run; a step runs as many programs of at most ``max_batch`` rows as its rows need
+        (None: one row per running request, ``max_batch`` running, one program a step).
     window : int or None
     sinks : int
     page, n_pages : int
@@ -557,19 +563,35 @@ class Engine:
     def _candidates(self) -> list:
         """The rows of the next step in order, one entry per row (a request's consecutive rows repeat it).
         Without a token budget: decode rows first, then prompt rows, each by admission, one row per running
-        request. With one (``max_batched_tokens``): prompt rows first (the time to a first token is what
-        the budget is for), a request's cache-only prompt rows up to the budget at once (its last prompt row
-        attends them, so it comes in a later step), then decode rows with what is left."""
+        request. With one (``max_batched_tokens``), prefill first and full rows in whole programs (a program
+        costs about five times more with a full row in it than with cache-only rows alone, docs/serving.md):
+        while cache-only prompt rows remain, the step holds the last prompt rows that are ready (their
+        cache-only rows computed; by admission), as many as fill whole programs of ``min(max_batch,
+        budget)`` rows, then cache-only rows up to the budget, a request's several at once (its last prompt
+        row attends them, so it comes in a later step), and no decode row; once none remain, the full rows
+        (last prompt rows, then decode rows, the one that waited longest first) up to the budget in whole
+        programs, or all of them when they fill less than one. Rows left out wait a step."""
         decode = [s for s in self.running if s.pos == len(s.tokens) - 1 and s.pos >= len(s.req.prompt)]
         prompt = [s for s in self.running if s not in decode]
         if self.max_batched_tokens is None:
             return (sorted(decode, key=lambda s: s.order) + sorted(prompt, key=lambda s: s.order))[:self.max_batch]
-        order = sorted(prompt, key=lambda s: s.order) + sorted(decode, key=lambda s: s.order)
-        rows, budget = [], self.max_batched_tokens
-        for s in order:
+        budget = self.max_batched_tokens
+        unit = min(self.max_batch, budget)
+        full = sorted((s for s in prompt if not self._cache_only(s)), key=lambda s: s.order)
+        cache = sorted((s for s in prompt if self._cache_only(s)), key=lambda s: s.order)
+        if not cache:
+            full += sorted(decode, key=lambda s: (s.ran, s.order))
+        n = min(len(full), budget)
+        if cache or n >= unit:
+            n -= n % unit
+        rows = full[:n]
+        for s in rows:
+            s.ran = self.step_no
+        budget -= n
+        for s in cache:
             if budget <= 0:
                 break
-            k = min(budget, len(s.req.prompt) - 1 - s.pos) if self._cache_only(s) else 1
+            k = min(budget, len(s.req.prompt) - 1 - s.pos)
             rows += [s] * k
             budget -= k
         return rows

@@ -224,9 +224,10 @@ def build_parser() -> Parser:
     p.add_argument("--max-batch", type=int_range(1, 64), default=4, metavar="B",
                    help="rows per chip program (and running requests) at most")
     p.add_argument("--max-batched-tokens", type=int_range(1, 256), default=None, metavar="N",
-                   help="rows per engine step at most, a token budget: prompt rows first (a prompt's cache-only "
-                        "rows up to N at once), as many requests running as the pool admits, each step in programs "
-                        "of at most --max-batch rows (default: one row per running request and step)")
+                   help="rows per engine step at most, a token budget: prefill first (a prompt's cache-only "
+                        "rows up to N at once, last prompt rows and then decode rows in whole programs), as many "
+                        "requests running as the pool admits, each step in programs of at most --max-batch rows "
+                        "(default: one row per running request and step)")
     p.add_argument("--stop", type=token_list, default=None, metavar="T1,T2,...",
                    help="stop tokens of every request: its generation ends at the first one (its last token) "
                         "or at its length")

@@ -116,8 +116,8 @@ def test_a_batch_larger_than_the_chip_takes_runs_as_smaller_batches(tmp_path, ca
 
 
 def test_a_token_budget_halves_the_p99_time_to_first_token_without_losing_throughput():
-    # the default trace: one row per running request and step, against a budget of 16 rows a step (prompt
-    # rows first, a prompt's cache-only rows at once); replays are compared in the engine's tests
+    # the default trace: one row per running request and step, against a budget of 16 rows a step (prefill
+    # first, a prompt's cache-only rows at once); replays are compared in the engine's tests
     def run(extra):
         a = serve.build_parser().parse_args(["--no-verify"] + extra)
         res = serve.serve(a)
@@ -127,6 +127,39 @@ def test_a_token_budget_halves_the_p99_time_to_first_token_without_losing_throug
     assert budget["ttft_p99_cycles"] * 2 <= one["ttft_p99_cycles"]
     assert budget["tokens_per_mcycle"] >= one["tokens_per_mcycle"]
     assert budget["tokens_generated"] == one["tokens_generated"] and budget["pages_owned_at_end"] == 0
+
+
+def _program_cycles(ctxs):
+    """Cycles of one batched program on the book chip: a row per context (0: a cache-only row)."""
+    from host import tiny_lm as T
+    from host.batch import BatchRunner
+    from sim.backends.reference import ReferenceMachine
+    m = T.make_model("structured", 1)
+    rows = [(1, None, None) if c == 0 else (1, [[0.0] * T.D] * (c - 1), [[0.0] * T.D] * (c - 1)) for c in ctxs]
+    return BatchRunner(m, ReferenceMachine()).run(rows)[1][0]
+
+
+def test_every_budget_gives_the_last_first_token_at_the_prefill_bound(tmp_path, capsys):
+    # the default trace's 24 requests all arrive at step 0, so its p99 TTFT is the last first token: no
+    # scheduler gives it sooner than the prompt rows packed perfectly into programs of --max-batch (4) rows,
+    # the cache-only rows four a program and the last prompt rows four a program (by context); a budget of 4
+    # and one of 16 both reach that bound, with every replay identical and the same throughput
+    from host.window import sink_context
+    reqs = serve.make_trace(24, 3)
+    last = sorted((sink_context(len(r.prompt), 8) for r in reqs), reverse=True)
+    cache = sum(len(r.prompt) - 1 for r in reqs)
+    bound = sum(_program_cycles(last[i:i + 4]) for i in range(0, len(last), 4))
+    bound += cache // 4 * _program_cycles((0,) * 4) + (cache % 4 and _program_cycles((0,) * (cache % 4)))
+    got = {}
+    for budget in (4, 16):
+        path = tmp_path / f"b{budget}.json"
+        status, out = _run(["serve", "--max-batched-tokens", str(budget), "--json", str(path)], capsys)
+        assert status == 0 and "replays alone: 24 of 24 requests identical" in out, out
+        got[budget] = doc = json.loads(path.read_text())
+        assert doc["prefix_hit_rows"] == 0 and doc["prompt_rows_computed"] == cache + len(reqs)
+        assert doc["ttft_p99_cycles"] == max(r["ttft_cycles"] for r in doc["requests"]) == bound
+    assert got[16]["tokens_per_mcycle"] >= got[4]["tokens_per_mcycle"]
+    assert got[16]["tokens_generated"] == got[4]["tokens_generated"]
 
 
 def test_stop_tokens_are_served_and_replayed_with_them(tmp_path, capsys):
