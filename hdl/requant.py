@@ -57,12 +57,18 @@ class Requantizer(wiring.Component):
         m = Module()
         # Work on the signed product so that no negation sits before or after the multiplier (the
         # chip's longest path runs from the scratchpad through here): |p| < 2^55 fits in 57 signed bits.
-        p = Signal(signed(57))
         if self.pipe:
-            # the pipeline register: the product and what the rounding and the clamp read of the inputs
-            neg, shift, relu = Signal(name="neg_r"), Signal(6, name="s_r"), Signal(name="relu_r")
+            # the pipeline register: the product and what the rounding and the clamp read of the inputs.
+            # Without a reset: no unit writes q before a valid input has passed through it, and a reset
+            # driven by logic (the board top's chip domain) on these registers made Yosys's ABC9 pass
+            # fail an internal assertion when it mapped the served board (docs/rq-pipe.md).
+            p = Signal(signed(57), reset_less=True)
+            neg = Signal(name="neg_r", reset_less=True)
+            shift = Signal(6, name="s_r", reset_less=True)
+            relu = Signal(name="relu_r", reset_less=True)
             m.d.sync += [p.eq(self.acc * self.m), neg.eq(self.acc[31]), shift.eq(self.s), relu.eq(self.relu)]
         else:
+            p = Signal(signed(57))
             neg, shift, relu = self.acc[31], self.s, self.relu
             m.d.comb += p.eq(self.acc * self.m)
         one_s = Signal(64)
