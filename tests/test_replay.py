@@ -195,7 +195,7 @@ def test_replay_errors(tmp_path, suite, capsys):
 
     from sim.cli import guarded
     assert guarded(replay_main, [str(good), "--sim", "nosuch"]) == 2     # refused by the parser
-    assert "--sim must be one of reference, amaranth, verilator, got 'nosuch'" in error_line(capsys)
+    assert "--sim must be one of reference, amaranth, verilator, board, got 'nosuch'" in error_line(capsys)
 
     for args in (["--lat", "0"], ["--lat", "1025"], ["--ext", "0"]):
         assert guarded(replay_main, [str(good), *args]) == 2
