@@ -264,3 +264,26 @@ def test_a_killed_board_sim_gives_the_error_line_quickly():
     sim = BoardSim("--model", "--chip", "book")
     kill_mid_decode(sim, [sys.executable, "-m", "sim.decode", "--window", "4", "--steps", "32", "--sim", "board",
                           "--port", sim.path, "--timeout", "5", "--quiet"], reach=60)
+
+
+def test_runs_whose_first_answer_is_lost_keep_polling_soon_enough():
+    # Every RUN's first answer vanishes (a fault on each exchange): each RUN is answered only by a poll. The
+    # time it took (a wait, then the poll) must not become the next RUN's wait, doubling run after run
+    # until one wait is the whole timeout and the next lost frame reads as a silent board.
+    config = BOOK
+    job = _jobs(config, steps=1)[0]
+    model, line, board = _board(config, timeout=1.0)
+    lost = set()
+    read = line.read
+
+    def lose_each_first_answer(timeout):
+        data = read(timeout)
+        if data and data[0] == SYNC_ANSWER and data[2] == 4 and data[1] not in lost:
+            lost.add(data[1])
+            return b""
+        return data
+    line.read = lose_each_first_answer
+    ref = get_backend("reference").run(*job[:3])
+    for n in range(12):
+        assert first_difference(ref, board.run(*job[:3])) is None, n
+    assert len(lost) == 12 == model.runs and board.stats.polls >= 12

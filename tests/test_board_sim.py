@@ -118,3 +118,46 @@ def test_a_board_sim_killed_mid_run_gives_the_error_line(fast_sim):
     kill_mid_decode(fast_sim, [sys.executable, "-m", "sim.decode", "--window", "4", "--steps", "32", "--mode",
                                "resident", "--chip", "fast", "--sim", "board", "--port", fast_sim.path,
                                "--timeout", "5", "--quiet"], reach=300)
+
+
+def test_the_relay_reads_the_childs_stderr_as_it_comes(tmp_path):
+    # GA2BOARD_DEBUG makes the board executable log on stderr all along: the relay must read it while it
+    # serves (a pipe nobody reads fills, and the board stops on its next line). No Verilator here: a stand-in
+    # child logs 256 KiB, then echoes what the host sent, then says its counts and exits.
+    import os
+    import threading
+    from sim.board.boardsim import Pty
+    from sim.board.faults import FaultSpec, FaultyLine
+    from sim.board.verilated import VerilatedBoard
+    child = tmp_path / "ga2board"
+    child.write_text(f"#!{sys.executable}\n"
+                     "import os, sys\n"
+                     "sys.stderr.write('leds 3 -> 11\\n' * 20000); sys.stderr.flush()\n"
+                     "os.write(1, os.read(0, 100))\n"
+                     "sys.stderr.write('ga2board: runs 3 cycles 9 bytes_in 4 bytes_out 4 framing_errors 0\\n')\n")
+    child.chmod(0o755)
+    board = VerilatedBoard.__new__(VerilatedBoard)
+    board.exe, board.proc, board.runs, board.stats, board._err = child, None, 0, "", b""
+    pty = Pty()
+    failed = []
+
+    def serve():
+        try:
+            board.serve(pty, FaultyLine(FaultSpec(), 2), FaultyLine(FaultSpec(), 3))
+        except Exception as e:          # the child's exit ends the relay
+            failed.append(e)
+    try:
+        os.write(pty.slave, b"ping")
+        t = threading.Thread(target=serve, daemon=True)
+        t.start()
+        t.join(20)
+        stuck = t.is_alive()
+        if stuck:
+            board.proc.kill()
+        assert not stuck, "the relay stopped: the child blocked on a full stderr pipe"
+        assert "exited (status 0)" in str(failed[0]) and "framing_errors" in str(failed[0])
+        assert os.read(pty.slave, 100) == b"ping"
+        board.close()
+        assert board.runs == 3
+    finally:
+        pty.close()

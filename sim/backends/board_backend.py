@@ -217,12 +217,17 @@ class Link:
         self.stats.requests += 1
         t_start = heard = time.monotonic()      # heard: the last time a byte came from the board
         wait = self._wait(len(frame) + (expect or 0) + ANSWER_HEADER.size + 2)
-        if cmd == Cmd.RUN:                      # a run takes its time: as long as the longest lately, twice
-            wait = min(self.timeout, max(wait, 2 * self._run_rtt))
+        if cmd == Cmd.RUN:                      # a run takes its time: as long as the longest lately, twice,
+            # but at most a third of the timeout: a RUN frame or answer the line loses is then polled for
+            # again while the board's silence is still far from the timeout (with a wait of the whole
+            # timeout, one loss would read as a silent board)
+            wait = max(wait, min(2 * self._run_rtt, self.timeout / 3))
+        sends = 0
         try:
             while True:
                 t_send = time.monotonic()
                 self.line.write(frame, self.timeout)
+                sends += 1
                 self.stats.frames += 1
                 self.stats.bytes_out += len(frame)
                 before = heard
@@ -235,7 +240,11 @@ class Link:
                     if cmd != Cmd.RUN:
                         self._learn(len(frame) + ANSWER_HEADER.size + 2 + len(got.payload), now - t_send)
                     else:
-                        self._run_rtt = max(now - t_start, 0.9 * self._run_rtt)
+                        # the run's time: from the first send if that one was answered; after a lost frame
+                        # or answer only the last send's round trip (the waits spent on the loss are not
+                        # the run's: counted in, each RUN needing a poll would double the next one's wait)
+                        took = now - (t_start if sends == 1 else t_send)
+                        self._run_rtt = max(took, 0.9 * self._run_rtt)
                     self.streak, self.streak_heard = 0, False
                     return got
                 self.streak_heard |= heard != before

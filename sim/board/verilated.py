@@ -28,6 +28,7 @@ DRIVER = Path(__file__).with_name("board_main.cpp")
 TOP = "board"
 PREFIX = "Vboard"
 EXE = "ga2board"
+ERR_KEEP = 16384                # bytes of the child's stderr kept (its last lines)
 
 _EMIT = """
 import sys
@@ -108,6 +109,16 @@ class VerilatedBoard:
         self.proc = None
         self.runs = 0
         self.stats = ""
+        self._err = b""                 # the end of the child's stderr (its last lines, the counts line)
+
+    def _take_stderr(self, data: bytes) -> None:
+        """Keep the end of the child's stderr; with GA2BOARD_DEBUG set, pass it on to ours as well."""
+        if not data:
+            return
+        if os.environ.get("GA2BOARD_DEBUG") is not None:
+            sys.stderr.write(data.decode(errors="replace"))
+            sys.stderr.flush()
+        self._err = (self._err + data)[-ERR_KEEP:]
 
     def serve(self, pty, down, up) -> None:
         """Relay between `pty` (a `sim.board.boardsim.Pty`) and the board until interrupted; bytes to the
@@ -116,11 +127,14 @@ class VerilatedBoard:
         self.proc = subprocess.Popen([str(self.exe)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, bufsize=0)
         child_in, child_out = self.proc.stdin.fileno(), self.proc.stdout.fileno()
+        child_err = self.proc.stderr.fileno()
         os.set_blocking(child_in, False)
         pending = bytearray()           # bytes for the board the pipe did not take yet
         while True:
             wants = [child_in] if pending else []
-            ready, writable, _ = select.select([pty.master, child_out], wants, [])
+            ready, writable, _ = select.select([pty.master, child_out, child_err], wants, [])
+            if child_err in ready:      # read as it comes: a full pipe would stop the board (GA2BOARD_DEBUG)
+                self._take_stderr(os.read(child_err, 65536))
             if pty.master in ready:
                 data = down.apply(pty.read())
                 if data:
@@ -129,7 +143,8 @@ class VerilatedBoard:
                 data = os.read(child_out, 65536)
                 if not data:
                     code = self.proc.wait()
-                    err = self.proc.stderr.read().decode(errors="replace").strip().splitlines()
+                    self._take_stderr(self.proc.stderr.read())
+                    err = self._err.decode(errors="replace").strip().splitlines()
                     raise SimError(f"the board simulation exited (status {code})"
                                    + (f": {err[-1]}" if err else ""))
                 pty.write(up.apply(data))
@@ -154,7 +169,9 @@ class VerilatedBoard:
         except subprocess.TimeoutExpired:
             p.kill()
             p.wait()
-        err = p.stderr.read().decode(errors="replace") if p.stderr else ""
+        if p.stderr:
+            self._take_stderr(p.stderr.read())
+        err = self._err.decode(errors="replace")
         for line in err.splitlines():
             if line.startswith("ga2board: runs "):
                 self.stats = line
