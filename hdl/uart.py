@@ -168,7 +168,16 @@ class _Pacer:
             m.d.sync += self.cnt.eq(self.cnt - 1)
 
 
-class UARTTx(wiring.Component):
+class _RatedComponent(wiring.Component):
+    """A component of a UART at `clk_hz` and `baud` (checked by `check_rate`), both kept as attributes."""
+
+    def __init__(self, clk_hz=DEFAULT_CLK_HZ, baud=DEFAULT_BAUD):
+        check_rate(clk_hz, baud)
+        self.clk_hz, self.baud = clk_hz, baud
+        super().__init__()
+
+
+class UARTTx(_RatedComponent):
     """The transmitter: bytes from the stream `i` out on `tx` as 8N1 frames (module docstring for timing).
 
     Parameters
@@ -190,11 +199,6 @@ class UARTTx(wiring.Component):
     i:    In(stream.Signature(8))
     tx:   Out(1, init=1)
     busy: Out(1)
-
-    def __init__(self, clk_hz=DEFAULT_CLK_HZ, baud=DEFAULT_BAUD):
-        check_rate(clk_hz, baud)
-        self.clk_hz, self.baud = clk_hz, baud
-        super().__init__()
 
     def elaborate(self, platform):
         m = Module()
@@ -235,7 +239,7 @@ class UARTTx(wiring.Component):
         return m
 
 
-class UARTRx(wiring.Component):
+class UARTRx(_RatedComponent):
     """The receiver: 8N1 frames on `rx` into the one-byte stream buffer `o` (module docstring for timing).
 
     Parameters
@@ -267,11 +271,6 @@ class UARTRx(wiring.Component):
     break_:        Out(1)
     overrun:       Out(1)
     busy:          Out(1)
-
-    def __init__(self, clk_hz=DEFAULT_CLK_HZ, baud=DEFAULT_BAUD):
-        check_rate(clk_hz, baud)
-        self.clk_hz, self.baud = clk_hz, baud
-        super().__init__()
 
     def elaborate(self, platform):
         m = Module()
@@ -339,7 +338,7 @@ class UARTRx(wiring.Component):
         return m
 
 
-class UART(wiring.Component):
+class UART(_RatedComponent):
     """`UARTTx` and `UARTRx` side by side, for a board's top: pins `rx`/`tx`, streams `i` (to send) and
     `o` (received), and the receiver's status pulses.
 
@@ -362,11 +361,6 @@ class UART(wiring.Component):
     framing_error: Out(1)
     break_:        Out(1)
     overrun:       Out(1)
-
-    def __init__(self, clk_hz=DEFAULT_CLK_HZ, baud=DEFAULT_BAUD):
-        check_rate(clk_hz, baud)
-        self.clk_hz, self.baud = clk_hz, baud
-        super().__init__()
 
     def elaborate(self, platform):
         m = Module()
