@@ -82,6 +82,11 @@ def build_parser() -> Parser:
                         f"the book's chip)")
     p.add_argument("--json", type=output_file, default=None, metavar="PATH",
                    help="also write the run as JSON to PATH")
+    p.add_argument("--trace", type=output_file, default=None, metavar="FILE.json",
+                   help="also write a timeline to FILE.json (Chrome trace-event JSON: open it in ui.perfetto.dev or "
+                        "chrome://tracing): a track for the sequencer and one per unit, one slice per instruction "
+                        "named by opcode with its fields, time in chip cycles, the steps one after another. It comes "
+                        "from the reference machine (the RTL's cycles), which also runs every step whatever --sim is")
     p.add_argument("--vcd", type=output_file, default=None, metavar="PATH",
                    help="with --sim amaranth: write a waveform of the last step's run to PATH (slow, large)")
     p.add_argument("--check", action="store_true",
@@ -95,6 +100,8 @@ def check_args(a) -> None:
     """The checks that need more than one option (each option alone is checked by the parser)."""
     backend_options(a)                  # --port goes with --sim board, and --sim board needs one
     if getattr(a, "prompt", None) is not None:
+        if getattr(a, "trace", None):
+            raise UsageError("--trace with --prompt is not there yet (the timeline covers the plain decode)")
         from sim.serve import check_prompt_args
         return check_prompt_args(a)
     if getattr(a, "sinks", 0):
@@ -150,6 +157,10 @@ def run_decode(a, out=None):
         counted = _Counted(backend)
         from sim.backends.reference import ReferenceMachine
         backend = CheckedBackend(counted, ReferenceMachine(config=cfg))
+    tracer = None
+    if getattr(a, "trace", None):
+        from sim.timeline import TracingBackend
+        backend = tracer = TracingBackend(backend, cfg)
     m = T.make_model(a.model, seed)
     t0 = time.perf_counter()
     mode = getattr(a, "mode", "book")
@@ -234,6 +245,18 @@ def run_decode(a, out=None):
     print(f"\ncalibration and compile setup {t_cal:.1f} s; {a.steps} steps simulated in {t_run:.1f} s "
           f"({rate:,.0f} chip cycles/s on {a.sim})", file=out)
     result["cycles_total"] = sums[0]
+    if tracer is not None:
+        from sim.timeline import build_events, check_against_counters, trace_document
+        runs = tracer.runs
+        labels = [f"run {i}" for i in range(len(runs))]
+        steps = [f"step L={r['L']} ctx={r['ctx']} tok={int(r['tok'])}" for r in recs]
+        if len(runs) == len(recs):
+            labels = steps
+        elif len(runs) == len(recs) + 1:
+            labels = ["load (weights)"] + steps
+        events = build_events(cfg, runs, labels)
+        check_against_counters(events, [c for _, _, c in runs])
+        result["_trace_document"] = trace_document(cfg, events, f"ga2 decode, {len(runs)} runs, mode {mode}")
     if hasattr(board, "link_summary"):
         link_report(board, out)
         s = board.stats
@@ -252,8 +275,11 @@ def main(argv=None) -> int:
         result = run_decode(a)
     if a.vcd:
         print(f"wrote {a.vcd}")         # by Amaranth's simulator, during the last step
+    doc = result.pop("_trace_document", None)
     if a.json:
         write_json(a.json, result)
+    if doc is not None:
+        write_json(a.trace, doc)
     return 0
 
 

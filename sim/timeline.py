@@ -1,0 +1,154 @@
+"""A timeline a person can open (issue 23 part 2): Chrome trace-event JSON for Perfetto and chrome://tracing.
+
+Built from the reference machine's per-instruction trace (`sim.backends.TraceEntry`, the same cycles as the
+RTL). One process, the chip; its tracks (threads):
+
+- ``steps``: one slice per run (a decode step, the resident load), its five counters as arguments;
+- ``sequencer``: per instruction a ``fetch`` and an ``issue`` slice of one cycle each (HALT's too);
+- one track per unit the chip has (LD, ST, MM, RQ, SM, VADD, AMAX, UNPACK, and GATHER, SCATTER, RQC where
+  the chip has them): per instruction one complete slice for its busy (WAIT) cycles, named by opcode, with
+  the operands the hardware reads (`hdl.isa.operands`, `hdl.isa.hw_operands`) as arguments.
+
+Time is in chip cycles: one unit of ``ts``/``dur`` (a microsecond to the viewers) is one chip cycle. Runs are
+laid one after another: each run's cycles are offset by the ``cyc_total`` of the runs before it.
+
+Per run the durations add up to the five counters exactly (`check_against_counters`): the unit slices of
+class mm / dma / vec give cyc_mm / cyc_dma / cyc_vec, the sequencer's non-HALT slices give 2 * n_inst, and
+all of a run's slices together (with HALT's 2) give cyc_total.
+"""
+from __future__ import annotations
+
+from hdl.config import ChipConfig
+from hdl.isa import COUNTER_INDEX, COUNTER_OF, Op, describe, hw_operands, legal_ops, operands
+from sim.backends import SimError, program_words
+
+__all__ = ["PID", "STEPS_TID", "SEQ_TID", "unit_tracks", "build_events", "trace_document",
+           "check_against_counters", "TimelineMismatch", "TracingBackend"]
+
+PID = 1
+STEPS_TID = 1
+SEQ_TID = 2
+CLOCK_NOTE = "1 time unit (shown as 1 us) = 1 chip cycle; ts and dur count chip cycles from the first run's fetch"
+
+
+class TimelineMismatch(SimError):
+    """A timeline whose track durations do not add up to the run's counters."""
+
+
+def unit_tracks(config: ChipConfig) -> dict[int, tuple[int, str]]:
+    """opcode -> (tid, track name) for each unit of the chip `config` (HALT has none)."""
+    ops = [op for op in legal_ops(config) if op != Op.HALT]
+    return {int(op): (SEQ_TID + 1 + i, op.name) for i, op in enumerate(ops)}
+
+
+def _meta(name, tid, args):
+    return {"name": name, "ph": "M", "ts": 0, "pid": PID, "tid": tid, "args": args}
+
+
+def build_events(config: ChipConfig, runs, labels=None) -> list[dict]:
+    """The trace events of `runs`, a list of ``(program, trace, counters)``.
+
+    program : list of 128-bit instruction words (or `hdl.isa.Instr`) the run executed;
+    trace : its `TraceEntry` list from ``ReferenceMachine(trace=True)``;
+    counters : the run's five counters ``[cyc_total, cyc_mm, cyc_dma, cyc_vec, n_inst]``.
+    labels : optional list of names for the runs' slices on the steps track (default ``run i``).
+    """
+    tracks = unit_tracks(config)
+    ev = [_meta("process_name", 0, {"name": f"GA-2 chip {config.spec()} (time in chip cycles)"}),
+          _meta("process_sort_index", 0, {"sort_index": 0}),
+          _meta("thread_name", STEPS_TID, {"name": "steps"}),
+          _meta("thread_sort_index", STEPS_TID, {"sort_index": STEPS_TID}),
+          _meta("thread_name", SEQ_TID, {"name": "sequencer"}),
+          _meta("thread_sort_index", SEQ_TID, {"sort_index": SEQ_TID})]
+    for tid, name in tracks.values():
+        ev.append(_meta("thread_name", tid, {"name": name}))
+        ev.append(_meta("thread_sort_index", tid, {"sort_index": tid}))
+    offset = 0
+    for i, (program, trace, counters) in enumerate(runs):
+        words = [w if isinstance(w, int) else w.word for w in program]
+        label = labels[i] if labels is not None else f"run {i}"
+        c = [int(x) for x in counters]
+        ev.append({"name": label, "cat": "step", "ph": "X", "ts": offset, "dur": c[0], "pid": PID,
+                   "tid": STEPS_TID, "args": {"run": i, "cyc_total": c[0], "cyc_mm": c[1], "cyc_dma": c[2],
+                                              "cyc_vec": c[3], "n_inst": c[4], "instructions": len(trace)}})
+        for e in trace:
+            word = words[e.pc % len(words)] if e.pc < len(words) else 0     # past the end: a zero word, HALT
+            o = operands(word)
+            op = o.pop("op")
+            name = Op(op).name
+            fields = {k: v for k, v in o.items() if k in hw_operands(op, config)}
+            common = {"pc": e.pc, "op": name, "run": i}
+            ev.append({"name": "fetch", "cat": "fetch", "ph": "X", "ts": offset + e.fetch, "dur": 1,
+                       "pid": PID, "tid": SEQ_TID, "args": dict(common)})
+            ev.append({"name": "issue", "cat": "issue", "ph": "X", "ts": offset + e.issue, "dur": 1,
+                       "pid": PID, "tid": SEQ_TID, "args": dict(common)})
+            if op != Op.HALT:
+                tid = tracks[op][0]
+                ev.append({"name": name, "cat": COUNTER_OF[Op(op)], "ph": "X", "ts": offset + e.issue + 1,
+                           "dur": e.busy, "pid": PID, "tid": tid,
+                           "args": {**common, **fields, "asm": describe(word)}})
+        offset += c[0]
+    return ev
+
+
+def trace_document(config: ChipConfig, events: list[dict], what: str = "") -> dict:
+    """The JSON object a viewer opens: the events and the clock stated."""
+    return {"traceEvents": events,
+            "otherData": {"clock": CLOCK_NOTE, "time_unit": "chip cycle", "chip": config.spec(),
+                          "source": "reference machine (sim.backends.reference), the RTL's cycles",
+                          **({"what": what} if what else {})}}
+
+
+def check_against_counters(events: list[dict], counters_list) -> None:
+    """Raise `TimelineMismatch` unless, for every run i, its tracks add up to ``counters_list[i]``."""
+    for i, c in enumerate(counters_list):
+        mine = [e for e in events if e["ph"] == "X" and e["args"].get("run") == i]
+        sums = {"mm": 0, "dma": 0, "vec": 0}
+        seq = halt = 0
+        step = None
+        for e in mine:
+            if e["cat"] == "step":
+                step = e["dur"]
+            elif e["cat"] in ("fetch", "issue"):
+                if e["args"]["op"] == "HALT":
+                    halt += e["dur"]
+                else:
+                    seq += e["dur"]
+            else:
+                sums[e["cat"]] += e["dur"]
+        got = [seq + halt + sums["mm"] + sums["dma"] + sums["vec"], sums["mm"], sums["dma"], sums["vec"], seq // 2]
+        problems = []
+        if got != list(c):
+            problems.append(f"tracks give {got}, counters are {list(c)}")
+        if seq % 2:
+            problems.append(f"the sequencer's non-HALT slices give {seq} cycles, not 2 per instruction")
+        if halt != 2:
+            problems.append(f"HALT's fetch and issue give {halt} cycles, not 2")
+        if step != c[0]:
+            problems.append(f"the step slice lasts {step}, cyc_total is {c[0]}")
+        if problems:
+            raise TimelineMismatch(f"run {i}: " + "; ".join(problems))
+
+
+class TracingBackend:
+    """A backend passed through that also runs every program on the reference machine with ``trace=True``
+    (the timeline's source, whatever simulator runs the chip) and keeps ``(program, trace, counters)``."""
+
+    def __init__(self, inner, config: ChipConfig):
+        from sim.backends.reference import ReferenceMachine
+        self.inner = inner
+        self.config = config
+        self.ref = ReferenceMachine(trace=True, config=config)
+        self.runs = []
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def run(self, program, image, lat=8, scratchpad=None):
+        kw = {} if scratchpad is None else {"scratchpad": scratchpad}
+        words, mine = program_words(program), list(image)     # copies: the inner run may not mutate them
+        ref_kw = {} if scratchpad is None else {"scratchpad": list(scratchpad)}
+        r = self.inner.run(program, image, lat, **kw)
+        t = self.ref.run(words, mine, lat, **ref_kw)
+        self.runs.append((words, t.trace, list(t.counters)))
+        return r

@@ -1,0 +1,115 @@
+"""`ga2 decode --trace`: the timeline (sim/timeline.py, issue 23 part 2) loads as JSON with the fields Perfetto
+needs, and per step its tracks add up to the chip's five counters."""
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+
+from sim import decode
+from sim.timeline import SEQ_TID, STEPS_TID, TimelineMismatch, check_against_counters
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def _run(tmp_path, *extra):
+    path = tmp_path / "t.json"
+    js = tmp_path / "d.json"
+    assert decode.main(["--window", "4", "--sim", "reference", "--quiet", "--trace", str(path),
+                        "--json", str(js), *extra]) == 0
+    return json.loads(path.read_text()), json.loads(js.read_text())
+
+
+def _sums_by_track(events, run):
+    """cycles per track name for run `run`: the units' WAIT slices, the sequencer split HALT / not."""
+    names = {e["tid"]: e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "thread_name"}
+    out = {}
+    for e in events:
+        if e["ph"] == "X" and e["args"]["run"] == run and e["tid"] != STEPS_TID:
+            key = names[e["tid"]]
+            if e["tid"] == SEQ_TID:
+                key = "sequencer HALT" if e["args"]["op"] == "HALT" else "sequencer"
+            out[key] = out.get(key, 0) + e["dur"]
+    return out
+
+
+MM, DMA, VEC = ("MM", "RQC"), ("LD", "ST", "GATHER", "SCATTER"), ("RQ", "SM", "VADD", "AMAX", "UNPACK")
+
+
+def _check_doc(doc, step_counters):
+    """What the test asks of a timeline: fields Perfetto needs, the clock stated, tracks = counters."""
+    ev = doc["traceEvents"]
+    assert "chip cycle" in doc["otherData"]["clock"]
+    for e in ev:
+        for f in ("name", "ph", "ts", "pid", "tid"):
+            assert f in e, (f, e)
+        assert isinstance(e["ts"], (int, float)) and not isinstance(e["ts"], bool)
+        if e["ph"] == "X":
+            assert isinstance(e["dur"], (int, float)) and e["dur"] >= 0
+    names = {e["args"]["name"] for e in ev if e["ph"] == "M" and e["name"] == "thread_name"}
+    assert {"steps", "sequencer", "MM", "LD", "ST", "RQ", "SM", "VADD", "AMAX"} <= names
+    steps = sorted((e for e in ev if e["ph"] == "X" and e["tid"] == STEPS_TID), key=lambda e: e["ts"])
+    assert len(steps) == len(step_counters)
+    t = 0
+    for i, (s, c) in enumerate(zip(steps, step_counters)):
+        assert s["ts"] == t and s["dur"] == c[0], "the steps lie one after another"
+        t += c[0]
+        got = _sums_by_track(ev, s["args"]["run"])
+        mm = sum(got.get(k, 0) for k in MM)
+        dma = sum(got.get(k, 0) for k in DMA)
+        vec = sum(got.get(k, 0) for k in VEC)
+        assert [mm, dma, vec] == c[1:4], (i, got, c)
+        assert got["sequencer"] == 2 * c[4] and got["sequencer HALT"] == 2
+        assert sum(got.values()) == c[0]
+        # each slice sits inside its step
+        for e in ev:
+            if e["ph"] == "X" and e["args"]["run"] == s["args"]["run"]:
+                assert s["ts"] <= e["ts"] and e["ts"] + e["dur"] <= s["ts"] + s["dur"]
+
+
+def test_book_chip_timeline(tmp_path):
+    doc, result = _run(tmp_path, "--steps", "3")
+    counters = [r["counters"] for r in result["records"]]
+    _check_doc(doc, counters)
+    mm = [e for e in doc["traceEvents"] if e["ph"] == "X" and e["name"] == "MM"]
+    assert mm and {"M", "K", "N", "dst", "pc"} <= set(mm[0]["args"])
+    assert "rq" not in mm[0]["args"]            # the book's MM reads no rq bit
+
+
+def test_fast_resident_timeline(tmp_path):
+    doc, result = _run(tmp_path, "--steps", "2", "--chip", "fast", "--mode", "resident")
+    counters = [result["load"]["counters"]] + [r["counters"] for r in result["records"]]
+    _check_doc(doc, counters)
+    names = {e["args"]["name"] for e in doc["traceEvents"] if e["ph"] == "M" and e["name"] == "thread_name"}
+    assert {"GATHER", "SCATTER", "RQC"} <= names
+    assert any(e["name"] == "GATHER" for e in doc["traceEvents"] if e["ph"] == "X")
+
+
+def test_the_check_fails_when_a_track_is_off(tmp_path):
+    """On purpose: one unit slice a cycle short, then one instruction dropped; both checks say so."""
+    doc, result = _run(tmp_path, "--steps", "2")
+    counters = [r["counters"] for r in result["records"]]
+    check_against_counters(doc["traceEvents"], counters)
+    bad = copy.deepcopy(doc)
+    mm = next(e for e in bad["traceEvents"] if e["ph"] == "X" and e["name"] == "MM")
+    mm["dur"] -= 1
+    with pytest.raises(TimelineMismatch, match="run 0"):
+        check_against_counters(bad["traceEvents"], counters)
+    with pytest.raises(AssertionError):
+        _check_doc(bad, counters)
+    dropped = copy.deepcopy(doc)
+    i = next(i for i, e in enumerate(dropped["traceEvents"]) if e["ph"] == "X" and e["name"] == "issue")
+    del dropped["traceEvents"][i]
+    with pytest.raises(TimelineMismatch):
+        check_against_counters(dropped["traceEvents"], counters)
+
+
+def test_trace_refuses_a_bad_path_and_prompt(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        decode.build_parser().parse_args(["--trace", str(tmp_path / "no" / "t.json")])
+    assert "does not exist" in capsys.readouterr().err
+    a = decode.build_parser().parse_args(["--prompt", "1,2", "--trace", str(tmp_path / "t.json")])
+    with pytest.raises(decode.UsageError, match="--trace"):
+        decode.check_args(a)
+    assert "reference machine" in decode.build_parser().format_help()
