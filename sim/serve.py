@@ -174,8 +174,9 @@ def summary(res: dict) -> dict:
             "pages_owned_at_end": res["owned_at_end"], "pages_cached_at_end": res["cached_at_end"]}
 
 
-def serve(a, backend=None, max_batch=None, progress=None) -> dict:
-    """Serve the trace of parsed arguments `a` (``max_batch`` overrides ``a.max_batch``); the engine's result."""
+def serve(a, backend=None, max_batch=None, progress=None, engine_cls=None) -> dict:
+    """Serve the trace of parsed arguments `a` (``max_batch`` overrides ``a.max_batch``); the engine's result
+    (``res["engine"]``: the engine, with ``engine_cls`` given, e.g. `sim.timeline.recording_engine`)."""
     from host import tiny_lm as T
     from host.engine import Engine
     from sim.backends import get_backend
@@ -189,7 +190,7 @@ def serve(a, backend=None, max_batch=None, progress=None) -> dict:
         # sampling: each request's seed is its id (sample j of it draws apart, host.sampling)
         r.temperature, r.top_k, r.n, r.seed = getattr(a, "temperature", 0.0), getattr(a, "top_k", 0), \
             getattr(a, "n", 1), r.id
-    e = Engine(m, backend, max_batch=max_batch or a.max_batch, window=a.window, sinks=a.sinks, page=a.page,
+    e = (engine_cls or Engine)(m, backend, max_batch=max_batch or a.max_batch, window=a.window, sinks=a.sinks, page=a.page,
                n_pages=a.pages, prefix_cache=not a.no_prefix_cache, alloc=a.alloc,
                contig_rows=a.prompt_len[1] + a.gen_len[1] - 1,
                lat=cfg.lat if a.lat is None else a.lat, config=cfg, mode=a.mode, prefill=a.prefill,
@@ -197,6 +198,8 @@ def serve(a, backend=None, max_batch=None, progress=None) -> dict:
     res = e.run(reqs, progress=progress)
     res["owned_at_end"], res["cached_at_end"] = e.owned(), len(e.page_hash)
     res["model"] = m
+    if engine_cls is not None:
+        res["engine"] = e
     return res
 
 
@@ -274,6 +277,11 @@ def build_parser() -> Parser:
                    help="draw DIR/serve_throughput.png (the trace at batch 1, 2, 4, 8 on the reference) and "
                         "DIR/serve_pages.png (pages in use per engine step)")
     p.add_argument("--no-verify", action="store_true", help="skip the replays alone")
+    p.add_argument("--trace", type=output_file, default=None, metavar="FILE.json",
+                   help="also write a timeline to FILE.json (Chrome trace-event JSON: open it in ui.perfetto.dev or "
+                        "chrome://tracing): the chip's tracks from the reference machine's per-instruction trace of "
+                        "every program the engine runs, and an engine process with a track of steps and one per "
+                        "request (waiting, prefill, decode, preempted), all in chip cycles")
     p.add_argument("--chips", type=int_range(1, 64), default=1, metavar="K",
                    help="serve on K chips, each with its own pool and engine, requests routed by --route "
                         "(sim.serving.multichip); with --out, figures of throughput on 1, 2, 4 chips and of both routes")
@@ -286,6 +294,8 @@ def build_parser() -> Parser:
 
 def check_args(a) -> None:
     backend_options(a)
+    if a.trace and (a.chips > 1 or a.cluster is not None):
+        raise UsageError("--trace covers one chip's engine: not with --chips or --cluster")
     if a.sim == "board" and (a.chips > 1 or a.cluster is not None):
         raise UsageError("--sim board serves on the one board of --port: not with --chips or --cluster")
     if a.mode == "resident":
@@ -334,10 +344,16 @@ def main(argv=None, out=None) -> int:
     t0 = time.perf_counter()
     from sim.backends import get_backend
     backend = get_backend(a.sim, config=a.chip, **backend_options(a))
+    tracer = engine_cls = None
+    if a.trace:
+        from sim.timeline import TracingBackend, recording_engine
+        tracer = TracingBackend(backend, a.chip)
+        engine_cls = recording_engine(tracer)
     with Progress(f"serving on {a.sim}", unit="request") as bar:
-        res = serve(a, backend=backend, progress=bar)
+        res = serve(a, backend=tracer or backend, progress=bar, engine_cls=engine_cls)
     wall = time.perf_counter() - t0
     m = res.pop("model")
+    trace_doc = _trace_document(a, tracer, res.pop("engine")) if tracer is not None else None
     s = summary(res)
     add_replays(a, res["requests"], out)
     w = "none" if a.window is None else a.window
@@ -406,7 +422,31 @@ def main(argv=None, out=None) -> int:
                               "bytes_out": st.bytes_out, "bytes_in": st.bytes_in, "runs": st.runs}
     if a.json:
         write_json(a.json, doc, out=out)
+    if trace_doc is not None:
+        write_json(a.trace, trace_doc, out=out)
     return status
+
+
+def _trace_document(a, tracer, e) -> dict:
+    """`--trace`: the chip's runs (the load program, then each step's page copies and programs) and the
+    engine's process, both checked (tracks against counters, request slices in order) before written."""
+    from sim.timeline import (build_events, check_against_counters, check_request_tracks, engine_events,
+                              trace_document)
+    labels = [f"run {i}" for i in range(len(tracer.runs))]
+    if e.tl_steps and e.tl_steps[0]["runs"][0] == 1 and a.mode == "resident":
+        labels[0] = "load (weights)"
+    for st in e.tl_steps:
+        i0, i1 = st["runs"]
+        n = len(st["programs"])
+        for j in range(i0, i1):
+            k = j - (i1 - n)
+            labels[j] = f"step {st['step']} program {k}" if k >= 0 else f"step {st['step']} page copy"
+    events = build_events(a.chip, tracer.runs, labels)
+    check_against_counters(events, [c for _, _, c in tracer.runs])
+    events += engine_events(e.tl_steps, e.tl_life)
+    check_request_tracks(events)
+    return trace_document(a.chip, events, f"ga2 serve, {a.requests} requests, {len(e.tl_steps)} engine steps, "
+                                          f"{len(tracer.runs)} chip runs, mode {a.mode}")
 
 
 def cfg_lat(a) -> int:

@@ -22,10 +22,12 @@ from hdl.config import ChipConfig
 from hdl.isa import COUNTER_INDEX, COUNTER_OF, Op, describe, hw_operands, legal_ops, operands
 from sim.backends import SimError, program_words
 
-__all__ = ["PID", "STEPS_TID", "SEQ_TID", "unit_tracks", "build_events", "trace_document",
-           "check_against_counters", "TimelineMismatch", "TracingBackend"]
+__all__ = ["PID", "STEPS_TID", "SEQ_TID", "ENGINE_PID", "unit_tracks", "build_events", "trace_document",
+           "check_against_counters", "TimelineMismatch", "TracingBackend", "recording_engine", "engine_events",
+           "check_request_tracks"]
 
 PID = 1
+ENGINE_PID = 2          # `ga2 serve --trace`: the engine's steps and one track per request
 STEPS_TID = 1
 SEQ_TID = 2
 CLOCK_NOTE = "1 time unit (shown as 1 us) = 1 chip cycle; ts and dur count chip cycles from the first run's fetch"
@@ -41,8 +43,8 @@ def unit_tracks(config: ChipConfig) -> dict[int, tuple[int, str]]:
     return {int(op): (SEQ_TID + 1 + i, op.name) for i, op in enumerate(ops)}
 
 
-def _meta(name, tid, args):
-    return {"name": name, "ph": "M", "ts": 0, "pid": PID, "tid": tid, "args": args}
+def _meta(name, tid, args, pid=PID):
+    return {"name": name, "ph": "M", "ts": 0, "pid": pid, "tid": tid, "args": args}
 
 
 def build_events(config: ChipConfig, runs, labels=None) -> list[dict]:
@@ -140,6 +142,7 @@ class TracingBackend:
         self.config = config
         self.ref = ReferenceMachine(trace=True, config=config)
         self.runs = []
+        self.cycles = 0             # the runs' cyc_total so far: "now" on the timeline
 
     def __getattr__(self, name):
         return getattr(self.inner, name)
@@ -151,4 +154,132 @@ class TracingBackend:
         r = self.inner.run(program, image, lat, **kw)
         t = self.ref.run(words, mine, lat, **ref_kw)
         self.runs.append((words, t.trace, list(t.counters)))
+        self.cycles += int(t.counters[0])
         return r
+
+
+# ---- the serving engine (`ga2 serve --trace`): a second process, same chip-cycle time base ------------
+
+def recording_engine(tracer: TracingBackend):
+    """A `host.engine.Engine` subclass that records, on `tracer`'s time base (the chip cycles of the runs so
+    far), each step's programs (their rows: request, position, prompt row or not; start and end) in
+    ``tl_steps`` and each request's arrival, admission, preemption, refusal and finish in ``tl_life``."""
+    from host.engine import Engine
+
+    class RecordingEngine(Engine):
+        def run(self, reqs, progress=None):
+            self.tl_base, self.tl_steps, self.tl_life = tracer.cycles, [], []
+            res = super().run(reqs, progress=progress)
+            for s in self.done:
+                if s.refused:
+                    self.tl_life.append((self.tl_base + s.arrival_cycles, s.rid, "refused"))
+                elif s.finish_cycles is not None:
+                    self.tl_life.append((self.tl_base + s.finish_cycles, s.rid, "finish"))
+            return res
+
+        def _admit(self, s):
+            ok = super()._admit(s)
+            if ok:
+                if not any(r == s.rid for _, r, _ in self.tl_life):       # the first admission
+                    self.tl_life.append((self.tl_base + s.arrival_cycles, s.rid, "arrive"))
+                self.tl_life.append((tracer.cycles, s.rid, "admit"))
+            return ok
+
+        def _preempt(self, s):
+            super()._preempt(s)
+            self.tl_life.append((tracer.cycles, s.rid, "preempt"))
+
+        def _plan(self, rows):
+            progs = super()._plan(rows)
+            pos = self._positions([s for prog in progs for s in prog])
+            out, i = [], 0
+            for prog in progs:
+                out.append([(s.rid, p, p < len(s.req.prompt)) for s, p in zip(prog, pos[i:i + len(prog)])])
+                i += len(prog)
+            self._tl_progs = out
+            return progs
+
+        def _step(self):
+            i0, t0 = len(tracer.runs), tracer.cycles
+            super()._step()
+            runs = tracer.runs[i0:]
+            progs = self._tl_progs
+            t = tracer.cycles - sum(c[0] for _, _, c in runs[len(runs) - len(progs):])   # after page copies
+            spans = []
+            for prog, (_, _, c) in zip(progs, runs[len(runs) - len(progs):]):
+                spans.append((t, t + c[0], prog))
+                t += c[0]
+            self.tl_steps.append({"step": self.step_no, "start": t0, "end": tracer.cycles, "programs": spans,
+                                  "runs": (i0, len(tracer.runs))})
+
+    return RecordingEngine
+
+
+def _ev(name, cat, ts, dur, tid, args):
+    return {"name": name, "cat": cat, "ph": "X", "ts": ts, "dur": dur, "pid": ENGINE_PID, "tid": tid,
+            "args": args}
+
+
+def engine_events(steps, life) -> list[dict]:
+    """The engine process's events: a track ``engine steps`` (a slice per step, its batch as arguments) and
+    one track per request, its life as slices ``waiting`` (arrival to admission), ``prefill`` / ``decode``
+    (the programs of a step holding its rows: prefill if one is a prompt row), ``preempted`` (to its
+    readmission); instants ``finish`` / ``refused``. `steps` and `life` are a `recording_engine`'s."""
+    rids = sorted({r for _, r, _ in life} | {r for st in steps for _, _, p in st["programs"] for r, _, _ in p},
+                  key=lambda r: (r, 0) if isinstance(r, int) else tuple(r))
+    tid_of = {r: STEPS_TID + 1 + i for i, r in enumerate(rids)}
+    ev = [_meta("process_name", 0, {"name": "engine"}, ENGINE_PID),
+          _meta("process_sort_index", 0, {"sort_index": 1}, ENGINE_PID),
+          _meta("thread_name", STEPS_TID, {"name": "engine steps"}, ENGINE_PID),
+          _meta("thread_sort_index", STEPS_TID, {"sort_index": STEPS_TID}, ENGINE_PID)]
+    for r, tid in tid_of.items():
+        ev.append(_meta("thread_name", tid, {"name": f"request {r}"}, ENGINE_PID))
+        ev.append(_meta("thread_sort_index", tid, {"sort_index": tid}, ENGINE_PID))
+    rows_of: dict = {}            # rid -> [(start, end, step, prompt rows, rows)]
+    for st in steps:
+        rows = [row for _, _, p in st["programs"] for row in p]
+        ev.append(_ev(f"step {st['step']}", "engine step", st["start"], st["end"] - st["start"], STEPS_TID,
+                      {"step": st["step"], "requests": sorted({str(r) for r, _, _ in rows}), "rows": len(rows),
+                       "programs": len(st["programs"]), "program_rows": [len(p) for _, _, p in st["programs"]],
+                       "runs": list(st["runs"]), "cycles": st["end"] - st["start"]}))
+        mine: dict = {}
+        for a, b, p in st["programs"]:
+            for r, pos, prompt in p:
+                m = mine.setdefault(r, [a, b, 0, []])
+                m[1] = b
+                m[2] += prompt
+                m[3].append(pos)
+        for r, (a, b, n_prompt, pos) in mine.items():
+            rows_of.setdefault(r, []).append((a, b, st["step"], n_prompt, pos))
+    for r, tid in tid_of.items():
+        marks = sorted((t, k) for t, rr, k in life if rr == r)
+        since = None
+        for t, k in marks:
+            if k in ("arrive", "preempt"):
+                since = (t, "waiting" if k == "arrive" else "preempted")
+            elif k == "admit" and since is not None:
+                ev.append(_ev(since[1], since[1], since[0], t - since[0], tid, {"request": str(r)}))
+                since = None
+            elif k in ("finish", "refused"):
+                ev.append({"name": k, "cat": k, "ph": "i", "s": "t", "ts": t, "pid": ENGINE_PID, "tid": tid,
+                           "args": {"request": str(r)}})
+        for a, b, step, n_prompt, pos in rows_of.get(r, ()):
+            kind = "prefill" if n_prompt else "decode"
+            ev.append(_ev(kind, kind, a, b - a, tid, {"request": str(r), "step": step, "rows": len(pos),
+                                                      "positions": pos, "prompt_rows": n_prompt}))
+    return ev
+
+
+def check_request_tracks(events: list[dict]) -> None:
+    """Raise `TimelineMismatch` unless every request track of the engine process holds its slices in order,
+    none overlapping the next."""
+    by: dict = {}
+    for e in events:
+        if e["pid"] == ENGINE_PID and e["ph"] == "X" and e["tid"] != STEPS_TID:
+            by.setdefault(e["tid"], []).append(e)
+    for tid, es in by.items():
+        es.sort(key=lambda e: (e["ts"], e["ts"] + e["dur"]))
+        for x, y in zip(es, es[1:]):
+            if x["ts"] + x["dur"] > y["ts"]:
+                raise TimelineMismatch(f"request {x['args']['request']}: {x['name']} [{x['ts']}, "
+                                       f"{x['ts'] + x['dur']}) overlaps {y['name']} from {y['ts']}")

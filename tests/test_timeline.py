@@ -113,3 +113,56 @@ def test_trace_refuses_a_bad_path_and_prompt(tmp_path, capsys):
     with pytest.raises(decode.UsageError, match="--trace"):
         decode.check_args(a)
     assert "reference machine" in decode.build_parser().format_help()
+
+
+# ---- ga2 serve --trace: the chip's runs and the engine's process in one file ----------------------------
+
+def test_serve_trace(tmp_path, capsys):
+    from sim import serve
+    from sim.timeline import ENGINE_PID, check_request_tracks
+    path, js = tmp_path / "s.json", tmp_path / "r.json"
+    assert serve.main(["--requests", "4", "--seed", "3", "--window", "8", "--sim", "reference", "--trace",
+                       str(path), "--json", str(js)]) == 0
+    assert "4 of 4 requests identical" in capsys.readouterr().out      # the replays still verified
+    doc, res = json.loads(path.read_text()), json.loads(js.read_text())
+    ev = doc["traceEvents"]
+    chip = [e for e in ev if e["pid"] == 1]
+    steps = sorted((e for e in chip if e["ph"] == "X" and e["tid"] == STEPS_TID), key=lambda e: e["ts"])
+    counters = [[e["args"][k] for k in ("cyc_total", "cyc_mm", "cyc_dma", "cyc_vec", "n_inst")] for e in steps]
+    _check_doc({"traceEvents": chip, "otherData": doc["otherData"]}, counters)
+    check_against_counters(chip, counters)
+    assert sum(c[0] for c in counters) == res["total_cycles"]
+    eng = [e for e in ev if e["pid"] == ENGINE_PID]
+    assert {"name": "process_name", "ph": "M", "ts": 0, "pid": 2, "tid": 0, "args": {"name": "engine"}} in eng
+    names = {e["tid"]: e["args"]["name"] for e in eng if e["ph"] == "M" and e["name"] == "thread_name"}
+    assert sorted(v for v in names.values() if v.startswith("request ")) == [f"request {i}" for i in range(4)]
+    esteps = [e for e in eng if e["ph"] == "X" and e["tid"] == STEPS_TID]
+    assert len(esteps) == res["engine_steps"] == len(steps)
+    assert [e["args"]["rows"] for e in esteps] == [s["rows"] for s in res["steps"]]
+    assert [(e["ts"], e["dur"]) for e in esteps] == [(s["ts"], s["dur"]) for s in steps]
+    for tid, name in names.items():
+        if tid == STEPS_TID:
+            continue
+        mine = sorted((e for e in eng if e["ph"] == "X" and e["tid"] == tid), key=lambda e: e["ts"])
+        assert {e["name"] for e in mine} >= {"prefill", "decode"}
+        for x, y in zip(mine, mine[1:]):
+            assert x["ts"] + x["dur"] <= y["ts"], (name, x, y)
+        kinds = [e["name"] for e in mine if e["name"] in ("prefill", "decode")]
+        assert kinds == sorted(kinds, key=lambda k: k == "decode"), "prefill before decode"
+    check_request_tracks(ev)
+    # on purpose: a request's decode slice pulled back over its prefill: the check says so
+    bad = copy.deepcopy(ev)
+    d = next(e for e in bad if e["pid"] == ENGINE_PID and e["ph"] == "X" and e["name"] == "decode")
+    d["ts"] -= 1
+    with pytest.raises(TimelineMismatch, match="overlaps"):
+        check_request_tracks(bad)
+
+
+def test_serve_trace_refusals(tmp_path, capsys):
+    from sim import serve
+    with pytest.raises(SystemExit):
+        serve.build_parser().parse_args(["--trace", str(tmp_path / "no" / "t.json")])
+    assert "does not exist" in capsys.readouterr().err
+    a = serve.build_parser().parse_args(["--chips", "2", "--trace", str(tmp_path / "t.json")])
+    with pytest.raises(serve.UsageError, match="--trace"):
+        serve.check_args(a)
