@@ -137,12 +137,13 @@ class Unit(wiring.Component):
             with m.If(j == n - 1):
                 last()
 
-    def one_pass(self, m, opr, n):
+    def one_pass(self, m, opr, n, drain=False):
         """The whole control of a unit that streams `n` words once (ST, RQ); returns (i, j, v).
 
         States IDLE and STREAM. At E0 the operands are latched into `opr` and i = j = v = 0; then
         `stream` runs until element n-1 is in ``spad.rdata``, whose cycle finishes the unit: ``done`` is
-        high in W(n+2).
+        high in W(n+2). With `drain` (a unit whose write is a cycle later: RQ on an rq_pipe chip) that
+        cycle goes to a state DRAIN instead, whose edge writes the last word and finishes: W(n+3).
         """
         i = self.addr_signal("i")
         j = self.addr_signal("j")
@@ -155,9 +156,15 @@ class Unit(wiring.Component):
                     m.next = "STREAM"
             with m.State("STREAM"):
                 def last():
-                    self.finish(m)
+                    if drain:
+                        m.next = "DRAIN"
+                    else:
+                        self.finish(m)
                     m.d.sync += v.eq(0)
                 self.stream(m, i, j, v, n, last)
+            if drain:
+                with m.State("DRAIN"):
+                    self.finish(m)
         return i, j, v
 
     def done_pulse(self, m):

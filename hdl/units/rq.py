@@ -81,25 +81,9 @@ class RequantUnit(SpadUnit):
         return m
 
     def _piped(self, m, opr, n):
-        """`Unit.one_pass` with one cycle more: the last word's read cycle goes to DRAIN, whose edge
-        writes that word and finishes. Returns (i, j, v)."""
-        i = self.addr_signal("i")
-        j = self.addr_signal("j")
-        v = Signal(name="v")
-        with self.control(m):
-            with m.State("IDLE"):
-                with m.If(self.start):
-                    self.begin(m, opr)
-                    m.d.sync += [i.eq(0), j.eq(0), v.eq(0)]
-                    m.next = "STREAM"
-            with m.State("STREAM"):
-                def last():
-                    m.d.sync += v.eq(0)
-                    m.next = "DRAIN"
-                self.stream(m, i, j, v, n, last)
-            with m.State("DRAIN"):
-                self.finish(m)
-        return i, j, v
+        """`Unit.one_pass` with one cycle more (its DRAIN state, whose edge writes the last word and
+        finishes). Returns (i, j, v)."""
+        return self.one_pass(m, opr, n, drain=True)
 
     def _check(self, m, opr):
         """The unit contract: scope ``rq``, or ``rq_pipe`` for the piped unit (sim.verify.formal's
