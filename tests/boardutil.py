@@ -104,3 +104,11 @@ def kill_mid_decode(sim: BoardSim, cmd: list[str], reach: float, finish: float =
     assert p.returncode == 2 and len(lines) == 1 and lines[0].startswith("error: the board on "), err
     assert "Traceback" not in err
     return err
+
+
+def run_ga2(capsys, *argv):
+    """``ga2 ARGV`` in this process: (exit status, stdout, stderr) as captured by pytest's `capsys`."""
+    from sim import ga2
+    code = ga2.main(list(argv))
+    out = capsys.readouterr()
+    return code, out.out, out.err

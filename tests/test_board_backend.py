@@ -11,13 +11,12 @@ import pytest
 
 from hdl.config import BOOK, PRESETS, parse_chip
 from hdl.hostlink import SYNC_ANSWER
-from sim import ga2
 from sim.backends import BadInput, DidNotHalt, first_difference, get_backend
 from sim.backends.board_backend import BoardBackend, BoardError
 from sim.board.boardsim import ModelLine
 from sim.board.faults import FaultSpec, FaultyLine, parse_faults
 from sim.board.model import BoardModel
-from tests.boardutil import BoardSim, kill_mid_decode
+from tests.boardutil import BoardSim, kill_mid_decode, run_ga2
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -204,20 +203,14 @@ def book_board():
     sim.stop()
 
 
-def _ga2(capsys, *argv):
-    code = ga2.main(list(argv))
-    out = capsys.readouterr()
-    return code, out.out, out.err
-
-
 def test_decode_through_the_pty_equals_the_reference(book_board, tmp_path, capsys):
     import json
     args = ["decode", "--window", "4", "--steps", "6", "--quiet"]
-    code, out, err = _ga2(capsys, *args, "--sim", "board", "--port", book_board.path, "--json",
+    code, out, err = run_ga2(capsys, *args, "--sim", "board", "--port", book_board.path, "--json",
                           str(tmp_path / "b.json"))
     assert code == 0, err
     assert f"board link on {book_board.path}: 6 runs" in out     # (a loaded machine may cost a retry)
-    code, _, _ = _ga2(capsys, *args, "--sim", "reference", "--json", str(tmp_path / "r.json"))
+    code, _, _ = run_ga2(capsys, *args, "--sim", "reference", "--json", str(tmp_path / "r.json"))
     b, r = (json.loads((tmp_path / f).read_text()) for f in ("b.json", "r.json"))
     assert b["tokens"] == r["tokens"] and b["cycles_total"] == r["cycles_total"]
     assert [x["counters"] for x in b["records"]] == [x["counters"] for x in r["records"]]
@@ -228,15 +221,15 @@ def test_decode_through_the_pty_equals_the_reference(book_board, tmp_path, capsy
 def test_replay_fuzz_serve_and_bench_through_the_pty(book_board, tmp_path, capsys):
     port = ["--sim", "board", "--port", book_board.path]
     suite = tmp_path / "d.hex"
-    assert _ga2(capsys, "progen", "--directed", "--out", str(suite))[0] == 0
-    code, out, err = _ga2(capsys, "replay", str(suite), *port)
+    assert run_ga2(capsys, "progen", "--directed", "--out", str(suite))[0] == 0
+    code, out, err = run_ga2(capsys, "replay", str(suite), *port)
     assert code == 0 and "PASS:" in out and "board link on" in out, out + err
-    code, out, err = _ga2(capsys, "fuzz", "--count", "6", "--seed", "3", *port)
+    code, out, err = run_ga2(capsys, "fuzz", "--count", "6", "--seed", "3", *port)
     assert code == 0 and "PASS: 6/6" in out, out + err
-    code, out, err = _ga2(capsys, "serve", "--requests", "3", "--gen-len", "2:3", "--prompt-len", "2:3",
+    code, out, err = run_ga2(capsys, "serve", "--requests", "3", "--gen-len", "2:3", "--prompt-len", "2:3",
                           "--no-verify", *port)
     assert code == 0 and "requests finished 3" in out and "board link on" in out, out + err
-    code, out, err = _ga2(capsys, "bench", "--sim", "board", "--port", book_board.path, "--steps", "3")
+    code, out, err = run_ga2(capsys, "bench", "--sim", "board", "--port", book_board.path, "--steps", "3")
     assert code == 0, out + err
     assert "identical to the reference" in out and "host bytes per step" in out
     assert "payload" in out and "bytes/s" in out and "the board would give" in out
@@ -249,12 +242,12 @@ def test_option_errors_are_one_line(capsys, tmp_path):
                        (["fuzz", "--sim", "board", "--port", "x", "--chip", "fast", "--lat", "3"], "--lat 8"),
                        (["decode", "--sim", "board", "--port", str(tmp_path / "none"), "--steps", "1"],
                         "cannot open the board's port")):
-        code, out, err = _ga2(capsys, *argv)
+        code, out, err = run_ga2(capsys, *argv)
         assert code == 2 and err.count("\n") == 1 and err.startswith("error: ") and text in err, (argv, err)
 
 
 def test_another_chip_through_the_pty_is_one_line(book_board, capsys):
-    code, out, err = _ga2(capsys, "decode", "--steps", "1", "--chip", "fast", "--mode", "resident", "--sim",
+    code, out, err = run_ga2(capsys, "decode", "--steps", "1", "--chip", "fast", "--mode", "resident", "--sim",
                           "board", "--port", book_board.path)
     assert code == 2 and err.strip().endswith("") and err.count("\n") == 1
     assert "carries the chip book, and this run is for the chip fast" in err

@@ -13,8 +13,7 @@ import sys
 
 import pytest
 
-from sim import ga2
-from tests.boardutil import BoardSim, kill_mid_decode
+from tests.boardutil import BoardSim, kill_mid_decode, run_ga2
 
 pytestmark = [pytest.mark.timeout(1200), pytest.mark.xdist_group("board_sim")]
 
@@ -43,14 +42,8 @@ def fast_sim():
     sim.stop()
 
 
-def _ga2(capsys, *argv):
-    code = ga2.main(list(argv))
-    out = capsys.readouterr()
-    return code, out.out, out.err
-
-
 def _decode(capsys, tmp_path, name, *argv):
-    code, out, err = _ga2(capsys, "decode", "--window", "4", "--quiet", "--json", str(tmp_path / name), *argv)
+    code, out, err = run_ga2(capsys, "decode", "--window", "4", "--quiet", "--json", str(tmp_path / name), *argv)
     assert code == 0, out + err
     return json.loads((tmp_path / name).read_text()), out
 
@@ -66,8 +59,8 @@ def test_directed_and_random_suites(book_sim, tmp_path, capsys):
     port = ["--sim", "board", "--port", book_sim.path]
     for name, args in (("directed", ["--directed"]), ("random", ["--count", "8", "--seed", "20"])):
         path = tmp_path / f"{name}.hex"
-        assert _ga2(capsys, "progen", *args, "--out", str(path))[0] == 0
-        code, out, err = _ga2(capsys, "replay", str(path), *port)
+        assert run_ga2(capsys, "progen", *args, "--out", str(path))[0] == 0
+        code, out, err = run_ga2(capsys, "replay", str(path), *port)
         assert code == 0 and "PASS:" in out and "board link on" in out, out + err
 
 
@@ -90,9 +83,9 @@ def test_decode_resident_mode_on_fast(fast_sim, tmp_path, capsys):
 def test_serve_trace_on_fast(fast_sim, tmp_path, capsys):
     args = ["serve", "--requests", "4", "--seed", "5", "--prompt-len", "2:5", "--gen-len", "2:5", "--mode",
             "resident", "--chip", "fast", "--no-verify"]
-    code, out, err = _ga2(capsys, *args, "--sim", "board", "--port", fast_sim.path, "--json", str(tmp_path / "b.json"))
+    code, out, err = run_ga2(capsys, *args, "--sim", "board", "--port", fast_sim.path, "--json", str(tmp_path / "b.json"))
     assert code == 0 and "board link on" in out, out + err
-    code, _, _ = _ga2(capsys, *args, "--sim", "reference", "--json", str(tmp_path / "r.json"))
+    code, _, _ = run_ga2(capsys, *args, "--sim", "reference", "--json", str(tmp_path / "r.json"))
     b, r = (json.loads((tmp_path / f).read_text()) for f in ("b.json", "r.json"))
     assert b["total_cycles"] == r["total_cycles"] and b["steps"] == r["steps"]
     assert [(q["tokens"], q["logits_int"]) for q in b["requests"]] == [(q["tokens"], q["logits_int"]) for q in r["requests"]]
