@@ -26,6 +26,7 @@ __all__ = [
     "to_words32", "from_words32", "describe",
     "RESIDENT_OPS", "gather", "scatter", "resident_runs", "resident_busy_cycles", "legal_ops",
     "MM_RQ_OPS", "CHIP_OPERANDS", "hw_operands", "rqc", "RQC_BUSY",
+    "ideal_cycles", "macs", "ext_words", "vector_elements", "vector_lanes", "ext_port_words",
 ]
 
 # The book's limits, kept as module constants for the code that only ever meets the book's chip; every
@@ -550,6 +551,80 @@ def busy_cycles(ins, lat: int = 8, cfg: ChipConfig = BOOK) -> int:
 RQC_BUSY = 1
 
 
+# ---- the ideal under the chip's own limits (issue 23: the yardstick of `ga2 profile`) ---------------------
+#
+# Beside each busy time above, the least time the same work could take if the unit did nothing but that work
+# at the rate the chip's own resources allow: the PEs an MM's shape can use, the lanes of a vector unit, the
+# width of the external-memory port. busy_cycles - ideal_cycles is what a unit loses to staging, draining,
+# latency, extra passes and setup; the sequencer's 2 cycles of fetch and issue an instruction have an ideal of
+# 0 (a chip could overlap them with the previous instruction's work).
+
+def vector_lanes(cfg: ChipConfig = BOOK) -> int:
+    """Elements a vector unit (RQ, SM, VADD, AMAX, UNPACK) can take in one cycle on the chip `cfg`: one
+    lane on every chip the generator builds so far (each element is one scratchpad word)."""
+    return 1
+
+
+def ext_port_words(cfg: ChipConfig = BOOK) -> int:
+    """Words the external-memory port can move in one cycle on the chip `cfg`: one (a single port one
+    ``word_bits`` wide, read or written)."""
+    return 1
+
+
+def macs(ins) -> int:
+    """Multiply-accumulates one instruction does: ``M*K*N`` for an MM (fused or not), 0 for the others."""
+    o = operands(ins)
+    return o["M"] * o["K"] * o["N"] if o["op"] == Op.MM else 0
+
+
+def ext_words(ins) -> int:
+    """Words one instruction moves across the external-memory port: ``len`` for LD and ST, the rows'
+    words ``(hi - lo) << row_log2`` for GATHER and SCATTER (a normal end: an error stop moves fewer), 0 for
+    the others."""
+    o = operands(ins)
+    op = o["op"]
+    if op in (Op.LD, Op.ST):
+        return o["len"]
+    if op in RESIDENT_OPS:
+        return (o["hi"] - o["lo"]) << o["row_log2"]
+    return 0
+
+
+def vector_elements(ins) -> int:
+    """Elements one vector instruction handles, one a cycle per lane at best: ``len`` for RQ, SM, AMAX and
+    VADD (a word of each source, a word of the result), ``8*len`` for UNPACK (one int4 result word per nibble
+    of its ``len`` source words); 0 for the other opcodes."""
+    o = operands(ins)
+    op = o["op"]
+    if op == Op.UNPACK:
+        return 8 * o["len"]
+    return o["len"] if op in (Op.RQ, Op.SM, Op.AMAX, Op.VADD) else 0
+
+
+def ideal_cycles(ins, cfg: ChipConfig = BOOK) -> int:
+    """The least WAIT cycles the work of one legal instruction could take under the chip `cfg`'s own limits
+    (the yardstick beside `busy_cycles`):
+
+    - MM: its MACs over the PEs its shape can use, ``ceil(M*K*N / (M*N))`` = K (M x N of the array's PEs
+      hold a result each; each needs K multiply-accumulates);
+    - RQ, SM, VADD, AMAX, UNPACK: ``ceil(vector_elements / vector_lanes)``;
+    - LD, ST, GATHER, SCATTER: ``ceil(ext_words / ext_port_words)``;
+    - RQC and HALT: 0 (no data moves: its cycle is overhead).
+
+    For every legal instruction and every latency it is at most ``busy_cycles(ins, lat, cfg)`` (checked by
+    tests/test_profile.py on random programs).
+    """
+    o = operands(ins)
+    op = o["op"]
+    if op == Op.MM:
+        return -(-macs(ins) // (o["M"] * o["N"]))
+    if op in (Op.RQ, Op.SM, Op.VADD, Op.AMAX, Op.UNPACK):
+        return -(-vector_elements(ins) // vector_lanes(cfg))
+    if op in (Op.LD, Op.ST) or op in RESIDENT_OPS:
+        return -(-ext_words(ins) // ext_port_words(cfg))
+    return 0
+
+
 def resident_runs(lo: int, hi: int, page_log2: int) -> list[tuple[int, int, int]]:
     """The runs of a GATHER/SCATTER (docs/resident.md "Cycle model"): the rows of [lo, hi) that lie in
     one page, as ``(table index, first row, rows)`` in the order the unit moves them."""
@@ -563,15 +638,29 @@ def resident_runs(lo: int, hi: int, page_log2: int) -> list[tuple[int, int, int]
     return runs
 
 
-def resident_busy_cycles(op: int, runs: int, words: int, lat: int) -> int:
+def resident_busy_cycles(op: int, runs: int, words: int, lat: int, *, error: bool = False,
+                         built_lat: int | None = None) -> int:
     """WAIT cycles of a GATHER or SCATTER that looked up `runs` table entries and moved `words` words.
 
     A normal end: every run of the instruction and all its words. An error stop in run j (1-based):
     ``runs = j`` and the words of the j - 1 runs done (docs/resident.md). Two lookup cycles per run, one
     cycle per word, then LD's tail (LAT + 1) for GATHER or ST's (2) for SCATTER.
+
+    `built_lat` is the LAT the GATHER unit was built for (``config.lat``; by default `lat`, as the
+    harness builds the chip for its memory). It matters only for a GATHER that ends in its error tail
+    (`error`: an error stop, or the empty range that ``validate`` refuses): the tail is ``built_lat + 1``
+    cycles after the failing lookup, but never ends before the last response (requested two cycles
+    before that lookup when words were moved) is written, so with a memory of latency `lat`::
+
+        B = 2 * runs + words + max(built_lat + 1, lat - 1 if words else 0)
+
+    which is ``2 * runs + words + lat + 1`` when ``built_lat == lat``.
     """
-    tail = lat + 1 if op == Op.GATHER else 2
-    return 2 * runs + words + tail
+    if op != Op.GATHER:
+        return 2 * runs + words + 2
+    if error and built_lat is not None:
+        return 2 * runs + words + max(built_lat + 1, lat - 1 if words else 0)
+    return 2 * runs + words + lat + 1
 
 
 # ---- helpers for files and messages --------------------------------------------------------------
