@@ -1,6 +1,6 @@
 """Simulator benchmark: the same workload on every available backend, timed.
 
-    python -m sim.bench [--window 4] [--steps 32] [--sims reference,amaranth,verilator] [--random]
+    python -m sim.bench [--window 4] [--steps 32] [--sims reference,amaranth,verilator] [--random] [--trace T.json]
 
 The workload is the paged decode (host.paged, window 4, 32 steps by default): its programs and images
 are recorded once on the reference machine, then replayed on each backend, whose results must equal the
@@ -17,12 +17,12 @@ import time
 
 from sim.backends import MAX_LAT, BackendUnavailable, SimError, first_difference, get_backend
 from sim.cli import (Parser, Progress, UsageError, backend_options, board_options, chip_option, guarded, int_range,
-                     window)
+                     output_file, window, write_json)
 
 from host.paged import MAX_CONTEXT     # the book's context limit: the decode's steps without a window
 
 __all__ = ["decode_jobs", "resident_jobs", "random_jobs", "bench", "mac_count", "mode_figures", "compare_modes",
-           "board_figures", "build_parser", "main"]
+           "board_figures", "trace_jobs", "build_parser", "main"]
 
 
 class _Recorder:
@@ -83,6 +83,26 @@ def random_jobs(total_cycles: int, seed: int = 1, ext: int = 8192, lat: int = 8,
 def _run(backend, job):
     p, i, lat = job[:3]
     return backend.run(p, i, lat) if len(job) < 4 else backend.run(p, i, lat, scratchpad=job[3])
+
+
+def trace_jobs(jobs, config, what: str = "", resident: bool = False) -> dict:
+    """The timeline (`sim.timeline`) of `jobs` run one after another on the reference machine for the chip
+    `config`, checked against each run's counters; with `resident` the first job is named as the load
+    program."""
+    from sim.backends import program_words
+    from sim.backends.reference import ReferenceMachine
+    from sim.timeline import build_events, check_against_counters, trace_document
+    ref = ReferenceMachine(trace=True, config=config)
+    runs = []
+    for job in jobs:
+        t = _run(ref, job)
+        runs.append((program_words(job[0]), t.trace, list(t.counters)))
+    labels = [f"job {i}" for i in range(len(runs))]
+    if resident and labels:
+        labels[0] = "load (weights)"
+    events = build_events(config, runs, labels)
+    check_against_counters(events, [c for _, _, c in runs])
+    return trace_document(config, events, what)
 
 
 def _run_all(backend, jobs):
@@ -321,6 +341,13 @@ def build_parser() -> Parser:
     p.add_argument("--serve", action="store_true",
                    help="instead: the serving targets of sim.serve as ratios (batch 1/2/4/8 throughput, paging "
                         "vs contiguous concurrency, prefix-cache row cut), on the reference machine")
+    p.add_argument("--trace", type=output_file, default=None, metavar="FILE.json",
+                   help="also write a timeline to FILE.json (Chrome trace-event JSON for ui.perfetto.dev or "
+                        "chrome://tracing) of the workload's programs, the same every simulator runs (the decode's "
+                        "programs, with --mode resident the load program first, or --random's), one after another "
+                        "as the reference machine runs them: a track for the sequencer and one per unit, a slice "
+                        "per instruction, time in chip cycles. Not with --serve (ga2 serve --trace draws a served "
+                        "trace)")
     return p
 
 
@@ -336,6 +363,9 @@ def main(argv=None) -> int:
         backend_options(a, sims[0])         # a --port without a board is refused
     if a.fmax is not None and not 0 < a.fmax <= 10_000:
         raise UsageError(f"--fmax must be a clock in MHz within 0..10000, got {a.fmax:g}")
+    if a.serve and a.trace:
+        raise UsageError("--trace draws the workload's programs, and --serve has none of its own: use ga2 serve "
+                         "--trace for a served trace's timeline")
     if a.serve:
         from sim.serve import serve_targets
         serve_targets(a.chip)
@@ -374,6 +404,8 @@ def main(argv=None) -> int:
           f"chip {a.chip.spec()}")
     r = bench(jobs, sims, a.repeat, config=a.chip, options=options)
     print(f"{r['cycles']:,} chip cycles per backend")
+    if a.trace:
+        write_json(a.trace, trace_jobs(jobs, a.chip, f"ga2 bench: {what}", resident=a.mode == "resident"))
     if "board" in r["objects"] and "board" in r["backends"]:
         print()
         board_figures(r["objects"]["board"], a.chip, a.window, a.steps, a.lat,

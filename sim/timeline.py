@@ -24,7 +24,7 @@ from sim.backends import SimError, program_words
 
 __all__ = ["PID", "STEPS_TID", "SEQ_TID", "ENGINE_PID", "unit_tracks", "build_events", "trace_document",
            "check_against_counters", "TimelineMismatch", "TracingBackend", "recording_engine", "engine_events",
-           "check_request_tracks"]
+           "check_request_tracks", "serve_run_labels", "serve_trace_document"]
 
 PID = 1
 ENGINE_PID = 2          # `ga2 serve --trace`: the engine's steps and one track per request
@@ -134,7 +134,8 @@ def check_against_counters(events: list[dict], counters_list) -> None:
 
 class TracingBackend:
     """A backend passed through that also runs every program on the reference machine with ``trace=True``
-    (the timeline's source, whatever simulator runs the chip) and keeps ``(program, trace, counters)``."""
+    (the timeline's source, whatever simulator runs the chip) and keeps ``(program, trace, counters)``.
+    With `inner` None the traced reference run is the run: its result is returned (one simulation, not two)."""
 
     def __init__(self, inner, config: ChipConfig):
         from sim.backends.reference import ReferenceMachine
@@ -151,11 +152,11 @@ class TracingBackend:
         kw = {} if scratchpad is None else {"scratchpad": scratchpad}
         words, mine = program_words(program), list(image)     # copies: the inner run may not mutate them
         ref_kw = {} if scratchpad is None else {"scratchpad": list(scratchpad)}
-        r = self.inner.run(program, image, lat, **kw)
+        r = self.inner.run(program, image, lat, **kw) if self.inner is not None else None
         t = self.ref.run(words, mine, lat, **ref_kw)
         self.runs.append((words, t.trace, list(t.counters)))
         self.cycles += int(t.counters[0])
-        return r
+        return t if r is None else r
 
 
 # ---- the serving engine (`ga2 serve --trace`): a second process, same chip-cycle time base ------------
@@ -283,3 +284,30 @@ def check_request_tracks(events: list[dict]) -> None:
             if x["ts"] + x["dur"] > y["ts"]:
                 raise TimelineMismatch(f"request {x['args']['request']}: {x['name']} [{x['ts']}, "
                                        f"{x['ts'] + x['dur']}) overlaps {y['name']} from {y['ts']}")
+
+
+def serve_run_labels(n_runs: int, steps, mode: str) -> list:
+    """Names of a served trace's chip runs: ``load (weights)`` for a resident engine's load program (the run
+    before the first step), ``step S program K`` and ``step S page copy`` for a step's runs. `steps` are a
+    `recording_engine`'s ``tl_steps``."""
+    labels = [f"run {i}" for i in range(n_runs)]
+    if steps and steps[0]["runs"][0] == 1 and mode == "resident":
+        labels[0] = "load (weights)"
+    for st in steps:
+        i0, i1 = st["runs"]
+        n = len(st["programs"])
+        for j in range(i0, i1):
+            k = j - (i1 - n)
+            labels[j] = f"step {st['step']} program {k}" if k >= 0 else f"step {st['step']} page copy"
+    return labels
+
+
+def serve_trace_document(config: ChipConfig, runs, engine, mode: str, what: str) -> dict:
+    """The timeline of a served trace: the chip's `runs` (a `TracingBackend`'s) and the process of `engine`
+    (a `recording_engine`'s, after its run), both checked (tracks against counters, request slices in order)
+    before it is returned."""
+    events = build_events(config, runs, serve_run_labels(len(runs), engine.tl_steps, mode))
+    check_against_counters(events, [c for _, _, c in runs])
+    events += engine_events(engine.tl_steps, engine.tl_life)
+    check_request_tracks(events)
+    return trace_document(config, events, what)
