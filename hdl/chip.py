@@ -181,7 +181,8 @@ class GA2(wiring.Component):
     error, error_kind, error_pc, error_info : Out(1), Out(ErrorKind), Out(16), Out(config.word_bits)
         Only with ``config.gather``: the error state of docs/resident.md, set when a GATHER or SCATTER
         ends on a bad table (kind ROW or PAGE, the instruction's pc, the table index or the bad entry);
-        cleared by ``rst`` only. The chip built for it must know the memory's LAT (``config.lat``).
+        cleared by ``rst`` only. GATHER's error tail is timed by ``config.lat`` (and waits for every
+        response outstanding), so the error stop's busy time is the doc's when the memory's LAT is it.
     host : In(SpadPort.of(config))
         Only with `host_port`: the scratchpad's port 0 for the board's link (``raddr``; ``rdata`` the
         next cycle, read port 0's register; ``we``/``waddr``/``wdata``). Use it only while the chip is

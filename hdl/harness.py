@@ -73,6 +73,10 @@ class ChipHarness(wiring.Component):
         Amaranth's simulator runs faster that way (a write port is evaluated on every cycle).
     config : hdl.config.ChipConfig
         The chip to build (keyword only; the book's chip by default).
+    chip_lat : int, optional
+        Only with ``config.gather``: the LAT the chip is built for (keyword only; default `lat`, the
+        memory's). A different one makes the memory slower or faster than the chip's error tail
+        assumes (``hdl.isa.resident_busy_cycles`` with ``built_lat``): for tests.
 
     Ports
     -----
@@ -107,7 +111,7 @@ class ChipHarness(wiring.Component):
     extmem : ExtMemory
     """
 
-    def __init__(self, ext_words=None, lat=None, rom_words=None, backdoor=True, *, config=BOOK):
+    def __init__(self, ext_words=None, lat=None, rom_words=None, backdoor=True, *, config=BOOK, chip_lat=None):
         ext_words = config.ext_words if ext_words is None else ext_words
         lat = config.lat if lat is None else lat
         rom_words = config.rom_words if rom_words is None else rom_words
@@ -117,8 +121,12 @@ class ChipHarness(wiring.Component):
             raise ValueError(f"rom_words = {rom_words}: the backdoor ROM address has 8 bits "
                              f"(at most {BOOK.rom_words})")
         self.config = config
-        # A resident-mode chip times its error stop by the memory's LAT, so it is built for this one.
-        self.chip = GA2(config=replace(config, lat=lat) if config.gather else config)
+        # A resident-mode chip times its error stop by config.lat, so it is built for the memory's LAT
+        # (unless a test asks for another: `chip_lat`).
+        if config.gather:
+            self.chip = GA2(config=replace(config, lat=lat if chip_lat is None else chip_lat))
+        else:
+            self.chip = GA2(config=config)
         self.backdoor = bool(backdoor)
         self.extmem = ExtMemory(ext_words, lat, backdoor=self.backdoor, config=config)
         self.ext = self.extmem.memory

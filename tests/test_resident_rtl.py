@@ -284,14 +284,11 @@ def test_halt_quiet_fails_on_a_chip_that_starts_the_unit_after_an_error_stop():
     assert got[0] == "FAIL", got
 
 
-def test_rst_clears_the_error_state():
-    """After an error stop the chip sits in HALT with error set; a reset clears error (and halted), and
-    the next run starts clean (hardware spec 2.2 with docs/resident.md)."""
+def _run_harness(h, program, image, spad, then=None):
+    """Run `program` on the ChipHarness `h` (built with backdoor=False) from `spad` and `image` until
+    halted (at most 400 cycles); returns the harness's final state, then calls ``then(ctx, cd)``."""
     from amaranth.hdl import ClockDomain, Module
     from amaranth.sim import Simulator
-    from hdl.harness import ChipHarness
-    program, image, spad = bad_table_program("page")
-    h = ChipHarness(ext_words=2048, lat=LAT, backdoor=False, config=CFG)
     top = Module()
     top.domains.sync = cd = ClockDomain("sync")
     top.submodules.h = h
@@ -314,17 +311,65 @@ def test_rst_clears_the_error_state():
         ctx.set(h.start, 1)
         await ctx.tick()
         ctx.set(h.start, 0)
-        for _ in range(200):
+        for _ in range(400):
             if ctx.get(h.halted):
                 break
             await ctx.tick()
+        await ctx.tick()        # one more edge: the Asserts judge the first HALT cycle too
         seen["stopped"] = [ctx.get(s) for s in (h.halted, h.error, h.error_kind, h.error_pc, h.error_info)]
+        seen["counters"] = [ctx.get(c) for c in (h.cyc_total, h.cyc_mm, h.cyc_dma, h.cyc_vec, h.n_inst)]
+        seen["spad"] = [ctx.get(mem.data[i]) for i in range(mem.depth)]
+        seen["ext"] = [ctx.get(h.ext.data[i]) for i in range(len(image))]
+        if then is not None:
+            await then(ctx, cd, seen)
+
+    sim.add_testbench(bench)
+    sim.run()
+    return seen
+
+
+def test_rst_clears_the_error_state():
+    """After an error stop the chip sits in HALT with error set; a reset clears error (and halted), and
+    the next run starts clean (hardware spec 2.2 with docs/resident.md)."""
+    from hdl.harness import ChipHarness
+    program, image, spad = bad_table_program("page")
+    h = ChipHarness(ext_words=2048, lat=LAT, backdoor=False, config=CFG)
+
+    async def reset(ctx, cd, seen):
         ctx.set(cd.rst, 1)
         await ctx.tick()
         ctx.set(cd.rst, 0)
         seen["reset"] = [ctx.get(s) for s in (h.halted, h.error, h.error_kind, h.error_pc, h.error_info)]
 
-    sim.add_testbench(bench)
-    sim.run()
+    seen = _run_harness(h, program, image, spad, reset)
     assert seen["stopped"] == [1, 1, 2, 1, 8]
     assert seen["reset"] == [0, 0, 0, 0, 0]
+
+
+@pytest.mark.parametrize("chip_lat, lat", [(2, 9), (LAT, LAT)])
+def test_error_stop_waits_for_a_slow_memory(chip_lat, lat):
+    """A chip built for LAT 2 (config.lat times GATHER's error tail) behind a memory of LAT 9: when the
+    GATHER's second run fails, the first run's last responses are still on their way; they are written
+    before the chip stops (GATHER counts requests and responses as LD does), and the busy time is
+    ``hdl.isa.resident_busy_cycles(..., error=True, built_lat=2)``. The same with the memory the chip
+    was built for gives the reference machine's result, counters included."""
+    from hdl.harness import ChipHarness
+    from sim.backends import RunResult
+    program, image, spad = bad_table_program("page")
+    h = ChipHarness(ext_words=2048, lat=lat, backdoor=False, config=CFG, chip_lat=chip_lat)
+    seen = _run_harness(h, program, image, spad)
+    assert seen["stopped"] == [1, 1, 2, 1, 8]
+    got = RunResult(ext=seen["ext"], counters=seen["counters"], scratchpad=seen["spad"],
+                    error=ErrorStop("page", 1, 8))
+    check_bad_table(got, "page", image)
+    want = reference().run(program, image, lat, scratchpad=spad)
+    gather = 2 + isa.resident_busy_cycles(Op.GATHER, 2, 8, lat, error=True, built_lat=chip_lat)
+    scatter = 2 + isa.busy_cycles(program[0], lat, CFG)
+    assert got.counters == [scatter + gather + 2, 0, scatter - 2 + gather - 2, 0, 2]
+    if chip_lat == lat:
+        assert first_difference(want, got) is None
+    else:
+        assert first_difference(want, got).startswith("counter cyc_total")
+        assert first_difference(want, RunResult(ext=got.ext, counters=want.counters, scratchpad=got.scratchpad,
+                                                error=got.error)) is None
+

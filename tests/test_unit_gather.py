@@ -40,13 +40,16 @@ def base_spad(seed):
     return [rng.randrange(1, MASK + 1) for _ in range(CFG.spad_depth)]
 
 
-def expected(op, f, spad, lat):
+def expected(op, f, spad, lat, built_lat=None):
     """The doc's timeline for one GATHER/SCATTER with fields `f` (a dict of HW operand names).
 
     Returns (B, events, error) where events maps a WAIT index to the set of what happens in that cycle:
     ``("req", addr)`` (GATHER request), ``("spad", addr, word)`` (GATHER write), ``("ext", addr, word)``
-    (SCATTER write); error is None or (ErrorKind, info).
+    (SCATTER write); error is None or (ErrorKind, info). `lat` is the memory's; `built_lat` the one the
+    GATHER unit was built for (default `lat`), which times its error tail: ``built_lat + 1`` cycles
+    after the failing L2, and not before the last response was written.
     """
+    built_lat = lat if built_lat is None else built_lat
     aw = CFG.spad_addr_bits
     events = {}
     t = 1
@@ -54,6 +57,7 @@ def expected(op, f, spad, lat):
     error = None
     in_page = (1 << f["page_log2"]) - 1
     last = 0          # the cycle the tail counts from: the last request cycle or the failing L2
+    last_req = None   # the last request (GATHER) or read (SCATTER) cycle
     for index, first, rows in isa.resident_runs(f["lo"], f["hi"], f["page_log2"]):
         l2 = t + 1
         if index >= f["table_len"]:
@@ -76,18 +80,25 @@ def expected(op, f, spad, lat):
                     events.setdefault(t + 1, set()).add(("ext", a, spad[s]))
                 t += 1
                 k += 1
-        last = t - 1
-    b = last + (lat + 1 if op == Op.GATHER else 2)
+        last = last_req = t - 1
+    if op != Op.GATHER:
+        b = last + 2
+    elif error is None and last_req is not None:
+        b = last_req + lat + 1          # LD's end: the last response is written
+    else:
+        # the error tail (or an empty range): built_lat + 1 after the failing L2, after the last response
+        b = max(last + built_lat + 1, 0 if last_req is None else last_req + lat + 1)
     return b, events, error
 
 
-def simulate(op, jobs, lat, seed=0):
+def simulate(op, jobs, lat, seed=0, built_lat=None):
     """Run each (fields, spad) job on one unit from idle; per job (B, events, error, spad, ext writes).
 
     `events` has the same form as `expected`'s, recorded from the unit's ports; the run goes on for
-    LAT + 3 cycles after ``done`` to see that nothing happens then.
+    LAT + 3 cycles after ``done`` to see that nothing happens then. The memory answers after `lat`
+    cycles; the unit is built for `built_lat` (default `lat`).
     """
-    cfg = replace(CFG, lat=lat)
+    cfg = replace(CFG, lat=lat if built_lat is None else built_lat)
     dut = (GatherUnit if op == Op.GATHER else ScatterUnit)(config=cfg)
     rng = random.Random(seed)
     results = []
@@ -207,12 +218,13 @@ def test_gather_against_doc_and_reference(lat):
 
 
 def check_reference(op, f, spad, lat, b, err, spad_after, ext_writes, name):
-    """The reference machine runs the same instruction: same busy time, error, scratchpad and writes."""
+    """The reference machine runs the same instruction: same busy time (unless `b` is None), error,
+    scratchpad and writes."""
     word = isa.Instr(op, a=f["spad"], b=f["table"], c=f["table_len"], d=f["base"], e=f["page_log2"],
                      f=f["lo"], g=f["hi"], fl=f["row_log2"], x=f["pool_pages"])
     image = [ext_word(a) for a in range(EXT_WORDS)]
     ref = ReferenceMachine(config=CFG, check=False).run([word, isa.halt()], image, lat, scratchpad=spad)
-    assert ref.counters[2] == b, name
+    assert b is None or ref.counters[2] == b, name
     kind = {ErrorKind.ROW: "row", ErrorKind.PAGE: "page"}
     assert (None if ref.error is None else (ref.error.kind, ref.error.info)) == \
         (None if err is None else (kind[err[0]], err[1])), name
@@ -220,6 +232,38 @@ def check_reference(op, f, spad, lat, b, err, spad_after, ext_writes, name):
     if ext_writes is not None:
         changed = {a: v for a, v in enumerate(ref.ext) if v != image[a]}
         assert changed == {a: v for a, v in ext_writes.items() if a < EXT_WORDS and v != image[a]}, name
+
+
+def runs_and_words(f, spad):
+    """The table lookups made and the words moved by one GATHER/SCATTER, and whether it failed."""
+    runs = words = 0
+    for index, _, rows in isa.resident_runs(f["lo"], f["hi"], f["page_log2"]):
+        runs += 1
+        if index >= f["table_len"] or spad[f["table"] + index] >= f["pool_pages"]:
+            return runs, words, True
+        words += rows << f["row_log2"]
+    return runs, words, False
+
+
+@pytest.mark.parametrize("built_lat, lat", [(2, 7), (1, 8), (8, 3)])
+def test_gather_with_a_memory_of_another_latency(built_lat, lat):
+    """A unit built for one LAT (config.lat, which times its error tail) behind a memory of another:
+    every response still on its way when a later run fails is written before done (a slower memory),
+    and the busy time is the doc's with ``hdl.isa.resident_busy_cycles(..., built_lat=)``."""
+    spad0 = base_spad(built_lat * 100 + lat)
+    jobs = [(f, with_table(spad0, f["table"], entries)) for _, f, entries in CASES]
+    results = simulate(Op.GATHER, jobs, lat, seed=lat, built_lat=built_lat)
+    late = 0
+    for (name, f, entries), (f_, spad), (b, events, err, spad_after, _) in zip(CASES, jobs, results):
+        want_b, want_events, want_err = expected(Op.GATHER, f, spad, lat, built_lat)
+        assert (b, err) == (want_b, want_err), name
+        assert events == want_events, name
+        runs, words, failed = runs_and_words(f, spad)
+        assert b == isa.resident_busy_cycles(Op.GATHER, runs, words, lat, error=failed, built_lat=built_lat), name
+        # a response later than the tail built for config.lat: the case this test is about
+        late += failed and words > 0 and lat - 1 > built_lat + 1
+        check_reference(Op.GATHER, f, spad, lat, None, err, spad_after, None, name)
+    assert late >= (2 if lat - 1 > built_lat + 1 else 0)
 
 
 def test_gather_empty_range_and_restart():

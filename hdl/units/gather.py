@@ -14,12 +14,15 @@ Timing after the start edge E0, in WAIT cycles:
 * responses arrive LAT cycles after their requests and are written as they arrive, also during the
   lookups of later runs;
 * ``done`` is high LAT + 1 cycles after the last request cycle: B = 2 * runs + words + LAT + 1;
-* a failing check in L2 requests nothing more; ``done`` comes LAT + 1 cycles after that L2 (the
-  responses still on their way are written): B = 2 * j + words_done + LAT + 1, and ``error``,
-  ``error_kind``, ``error_info`` hold the reason until the next start.
+* a failing check in L2 requests nothing more; ``done`` comes ``config.lat`` + 1 cycles after that L2,
+  and never before the response to every request made was written (requests and responses are
+  counted, as LD counts them): B = 2 * j + words_done + LAT + 1 when the memory's LAT is
+  ``config.lat``, and ``error``, ``error_kind``, ``error_info`` hold the reason until the next start.
 
-The error tail cannot be timed by responses (there may be none outstanding), so this unit is built for
-one LAT: ``config.lat``, which must be the memory's (the harness builds the chip with its memory's LAT).
+The error tail cannot be timed by responses alone (there may be none outstanding), so its length is
+``config.lat``'s; a memory slower than that makes the unit wait for its late responses
+(``hdl.isa.resident_busy_cycles`` with ``built_lat``), a faster one answers within the tail. The harness
+builds the chip with its memory's LAT, so the cycle model there is the formula above.
 """
 from amaranth.hdl import Const, Module, Signal
 from amaranth.lib import enum
@@ -214,7 +217,8 @@ class GatherUnit(SpadUnit):
     Parameters
     ----------
     config : hdl.config.ChipConfig
-        The chip (keyword only); ``config.lat`` times the error stop's tail.
+        The chip (keyword only); ``config.lat`` times the error stop's tail (which also waits for
+        every outstanding response, whatever the memory's latency).
 
     Ports
     -----
@@ -273,9 +277,13 @@ class GatherUnit(SpadUnit):
                 self.finish(m)
 
         def stop():
-            # as if the failing L2 had been a request: done LAT + 1 cycles after it
-            m.d.sync += tail.eq(tail - 1)
-            with m.If(tail == 1):
+            # as if the failing L2 had been a request: done config.lat + 1 cycles after it, and not
+            # before every request made was answered (LD's count: a memory slower than config.lat
+            # still has responses on their way, which are written before done)
+            with m.If(tail != 0):
+                m.d.sync += tail.eq(tail - 1)
+            answered = (recvd == issued) | (self.resp_valid & ((recvd + 1)[:cw] == issued))
+            with m.If((tail <= 1) & answered):
                 self.finish(m)
 
         walk.control(start_extra=[issued.eq(0), recvd.eq(0)], found=[src.eq(walk.pool_addr)],
