@@ -166,3 +166,73 @@ def test_serve_trace_refusals(tmp_path, capsys):
     a = serve.build_parser().parse_args(["--chips", "2", "--trace", str(tmp_path / "t.json")])
     with pytest.raises(serve.UsageError, match="--trace"):
         serve.check_args(a)
+
+
+def test_serve_trace_preempted_slices(tmp_path, capsys):
+    """A pool too small for four requests of 13 rows: the two admitted last give way (preemption by recompute)
+    and come back; each has one ``preempted`` slice from its preemption to its readmission, after its last
+    rows and before its recomputed prompt rows, inside an engine step; the others have none."""
+    from sim import serve
+    from sim.timeline import ENGINE_PID, check_request_tracks
+    path, js = tmp_path / "s.json", tmp_path / "r.json"
+    assert serve.main(["--requests", "4", "--seed", "3", "--window", "none", "--page", "2", "--pages", "12",
+                       "--prompt-len", "3:3", "--gen-len", "10:10", "--sim", "reference", "--trace", str(path),
+                       "--json", str(js)]) == 0
+    assert "4 of 4 requests identical" in capsys.readouterr().out
+    doc, res = json.loads(path.read_text()), json.loads(js.read_text())
+    ev = doc["traceEvents"]
+    preempted = {r["id"]: r["preempted"] for r in res["requests"]}
+    assert res["preemptions"] == sum(preempted.values()) > 0 and 0 in preempted.values()
+    names = {e["tid"]: e["args"]["name"] for e in ev
+             if e["pid"] == ENGINE_PID and e["ph"] == "M" and e["name"] == "thread_name"}
+    steps = [e for e in ev if e["pid"] == ENGINE_PID and e["ph"] == "X" and e["tid"] == STEPS_TID]
+    for tid, name in names.items():
+        if tid == STEPS_TID:
+            continue
+        rid = int(name.split()[1])
+        mine = sorted((e for e in ev if e["pid"] == ENGINE_PID and e["ph"] == "X" and e["tid"] == tid),
+                      key=lambda e: e["ts"])
+        gaps = [i for i, e in enumerate(mine) if e["name"] == "preempted"]
+        assert len(gaps) == preempted[rid], (name, [e["name"] for e in mine])
+        for i in gaps:
+            p = mine[i]
+            assert p["dur"] > 0 and p["args"]["request"] == str(rid)
+            before, after = mine[i - 1], mine[i + 1]
+            assert before["name"] in ("prefill", "decode") and before["ts"] + before["dur"] <= p["ts"]
+            # readmitted: the cache was dropped, so its prompt rows are computed again
+            assert after["name"] == "prefill" and after["ts"] >= p["ts"] + p["dur"]
+            assert any(s["ts"] <= p["ts"] <= s["ts"] + s["dur"] for s in steps)
+    check_request_tracks(ev)
+    # on purpose: a preempted slice stretched over the recomputation that follows it: the check says so
+    bad = copy.deepcopy(ev)
+    p = next(e for e in bad if e["pid"] == ENGINE_PID and e["ph"] == "X" and e["name"] == "preempted")
+    nxt = min((e for e in bad if e["pid"] == ENGINE_PID and e["ph"] == "X" and e["tid"] == p["tid"]
+               and e["ts"] >= p["ts"] + p["dur"] and e is not p), key=lambda e: e["ts"])
+    p["dur"] = nxt["ts"] - p["ts"] + 1
+    with pytest.raises(TimelineMismatch, match="preempted"):
+        check_request_tracks(bad)
+
+
+# ---- ga2 bench --trace: the workload's programs, one after another ---------------------------------------
+
+@pytest.mark.parametrize("mode", ["book", "resident"])
+def test_bench_trace(tmp_path, capsys, mode):
+    from sim import bench
+    path = tmp_path / "b.json"
+    argv = ["--sims", "reference", "--steps", "2", "--repeat", "1", "--mode", mode, "--trace", str(path)]
+    assert bench.main(argv) == 0
+    assert f"wrote {path}" in capsys.readouterr().out
+    doc = json.loads(path.read_text())
+    from hdl.config import PRESETS
+    chip = PRESETS["fast"] if mode == "resident" else None
+    jobs = bench.resident_jobs(4, 2, 8, config=chip) if mode == "resident" else bench.decode_jobs(4, 2)
+    from sim.backends.reference import ReferenceMachine
+    ref = ReferenceMachine(config=chip) if chip is not None else ReferenceMachine()
+    counters = [list(ref.run(j[0], j[1], j[2], **({"scratchpad": j[3]} if len(j) > 3 else {})).counters) for j in jobs]
+    _check_doc(doc, counters)
+    labels = [e["name"] for e in sorted((e for e in doc["traceEvents"] if e["ph"] == "X" and e["tid"] == STEPS_TID),
+                                        key=lambda e: e["ts"])]
+    assert labels[0] == ("load (weights)" if mode == "resident" else "job 0")
+    assert "reference machine" in bench.build_parser().format_help()
+    with pytest.raises(bench.UsageError, match="--serve"):
+        bench.main(["--serve", "--trace", str(tmp_path / "x.json")])
