@@ -36,6 +36,12 @@ program (`host.batch`). The KV cache of every request lives in one `host.pagetab
 - ``alloc = "contiguous"``: the baseline that reserves, per admitted request, the pages of the longest
   request the trace may hold (``contig_rows``), as Example B does on paper; no prefix cache.
 
+Online use (issue 22, a server): `Engine.start`, then `Engine.submit` a request whenever it arrives (it is
+refused at once or waits) and `Engine.step` one step at a time; each step reports the tokens it produced
+(`TokenEvent`: request, sample, token, the chip clock) and the samples that ended (`FinishEvent`: stop,
+length, abort). `Engine.abort` cancels one before the next step. `Engine.run` is this loop over a trace
+whose requests arrive at given steps.
+
 `check_invariants` is run after every step (every page free, cached or owned; reference counts equal the
 block-table references; every cached page reachable; no request holds more pages than its kept rows and
 the page its next row goes into need), at the cost of the pages in use. `decode_alone` decodes one
@@ -44,7 +50,7 @@ request with a plain list as cache and single-row programs: what every served re
 from __future__ import annotations
 
 import hashlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from compiler import CompileError
 from hdl.config import BOOK, ChipConfig
@@ -54,7 +60,7 @@ from host.sampling import check_sampling, logit_scale, sample_token
 from host.tiny_lm import V
 from host.window import check_sinks, check_window, sink_context, sink_ranges, trim_point
 
-__all__ = ["Request", "Engine", "EngineError", "decode_alone", "check_invariants", "pages_alone",
+__all__ = ["Request", "TokenEvent", "FinishEvent", "StepReport", "Engine", "EngineError", "decode_alone", "check_invariants", "pages_alone",
            "kept_pages", "table_alone", "PREFILLS", "POLICIES"]
 
 # how prompt rows before the prompt's last token run: only their cache row, or the whole model
@@ -88,6 +94,39 @@ class Request:
     top_k: int = 0
     seed: int = 0
     n: int = 1
+
+
+@dataclass(frozen=True)
+class TokenEvent:
+    """A token an engine step produced: generated token ``index`` (0: the first) of sample ``sample`` of
+    request ``id``, and the engine clock (chip cycles) at the end of the program that computed it."""
+    id: int
+    sample: int
+    index: int
+    token: int
+    cycles: int
+
+
+@dataclass(frozen=True)
+class FinishEvent:
+    """A sample that ended: ``reason`` is "stop" (its last token is a stop token), "length", "abort" or
+    "refused"; ``result`` is its result as `Engine.run` gives it (tokens, integer logits, times in cycles
+    from its arrival, or the refusal's one-line reason)."""
+    id: int
+    sample: int
+    reason: str
+    result: dict
+
+
+@dataclass
+class StepReport:
+    """What one `Engine.step` did: its number, whether a batch ran, the chip cycles it took, the tokens it
+    produced (in the order their rows ran) and the samples that ended."""
+    step: int
+    ran: bool
+    tokens: list
+    finished: list
+    cycles: int
 
 
 @dataclass
@@ -282,7 +321,8 @@ class Engine:
         self.tick = 0                  # the stamps' counter: never reset (the cache outlives `run`)
         self.cancel: set = set()       # ids of requests to cancel before the next step (`abort`)
         self.scale = None              # the integer logits' scale (sampling)
-        self.trace: list = []          # per step: rows, cycles, pages
+        self._emitted: list = []       # the tokens of the step being run (`step`)
+        self.start()
 
     # ---- pool --------------------------------------------------------------------------------------
     @property
@@ -434,6 +474,7 @@ class Engine:
             s.pos = 0
         else:
             pages, n = self._match(s.tokens) if self.prefix_cache else ([], 0)
+            self.queried_rows += (len(s.tokens) - 1) if self.prefix_cache else 0
             # its first row takes a page: a new one, or the copy of an adopted partial page; into an empty
             # engine a request that fits alone (see _refusal) is admitted without the watermark and, if the
             # cached pages it would adopt leave too little, without them
@@ -491,9 +532,113 @@ class Engine:
         recently admitted."""
         return max(states, key=lambda s: (-s.req.priority if self.policy == "priority" else 0, s.order))
 
+    # ---- the online API: submit requests, step, read what each step produced ----------------------------
+    def start(self, retain: bool = True) -> None:
+        """Begin a new serving run: no request waiting or running, the clock, the step counter and the
+        counters at 0 (the prefix cache and its recency order carry over). With ``retain=False`` (a server
+        that runs for ever) the finished requests and the per-step trace are not kept once reported."""
+        self.waiting, self.running, self.done = [], [], []
+        self.counter = self.preemptions = self.hit_rows = self.queried_rows = 0
+        self.clock, self.step_no, self.trace = 0, 0, []
+        self.retain = retain
+
+    @property
+    def busy(self) -> bool:
+        """Whether a request is waiting or running (`step` has work)."""
+        return bool(self.waiting or self.running)
+
+    def submit(self, r: Request) -> list:
+        """Request `r` arrives now, at step ``step_no`` (its ``arrival`` is set to it, on a copy when it
+        differs), with the engine clock as its arrival time. It waits for admission at the next `step`, or
+        is refused at once when it could never fit (its context beyond the chip's limit, more pages than
+        the pool, more samples than may run, a program the chip cannot take).
+
+        Returns
+        -------
+        list of FinishEvent
+            Empty when it waits; else one event per sample with reason "refused" (``result["refused"]``
+            is the one-line reason)."""
+        _check_request(r)
+        if any(t.req.id == r.id for t in self.running + self.waiting):
+            raise EngineError(f"request id {r.id} is already being served")
+        if r.arrival != self.step_no:
+            r = replace(r, arrival=self.step_no)
+        if self.alloc == "contiguous" and self.contig_rows is None:
+            raise EngineError("alloc='contiguous' needs contig_rows (the rows each request reserves) before submit")
+        if r.temperature and self.scale is None:
+            self.scale = logit_scale(self.m, self.config)
+        s = _State(r, list(r.prompt))
+        s.pending = [_State(r, list(r.prompt), sample=j) for j in range(1, r.n)]
+        return self._arrive(s)
+
+    def _arrive(self, s: _State) -> list:
+        s.arrival_cycles = self.clock
+        s.refused = self._refusal(s)
+        if not s.refused:
+            self.waiting.append(s)
+            return []
+        out = []
+        for t in [s] + s.pending:
+            t.refused = s.refused
+            self.done.append(t)
+            out.append(FinishEvent(t.req.id, t.sample, "refused", self._result(t)))
+        s.pending = []
+        if not self.retain:
+            self.done.clear()
+        return out
+
+    def step(self, after=None) -> StepReport:
+        """One engine step: cancel the requests `abort` named (and those whose abort step has come), admit
+        waiting requests (by `policy`, within the slots and the pool), and run one batch of the running
+        requests' rows (one or more chip programs) if any run; `check_invariants` after it when ``check``.
+        ``after()`` is called once the batch ran and was checked, before the step counter advances.
+
+        Returns
+        -------
+        StepReport
+            The step's number, whether a batch ran (nothing runs when no request is admitted: the step
+            counter then stays, see `run`), the tokens it produced (request, sample, index, token, chip clock
+            at the end of its row's program) and the requests that ended (stop, length, abort)."""
+        mark = len(self.done)
+        self._emitted = []
+        step, clock0 = self.step_no, self.clock
+        self.waiting.sort(key=self._queue_key)
+        gone = [t for t in self.running + self.waiting if t.req.id in self.cancel
+                or (t.req.abort is not None and t.req.abort <= self.step_no)]
+        for s in gone:
+            self._abort(s)
+        self.cancel -= {s.req.id for s in gone}
+        while self.waiting:
+            slots = len(self.running) + sum(len(t.pending) for t in self.running) + 1 + len(self.waiting[0].pending)
+            if slots <= self.max_running and self._admit(self.waiting[0]):
+                self.waiting.pop(0)
+                continue
+            # no slot or no pages: under "priority" the head preempts a running request of lower priority
+            lower = [t for t in self.running if t.req.priority < self.waiting[0].req.priority]
+            if self.policy != "priority" or not lower:
+                break
+            self._preempt(self._lowest(lower))
+        ran = bool(self.running)
+        if ran:
+            self._step()
+            if self.check:
+                check_invariants(self)
+            if after is not None:
+                after()
+            self.step_no += 1
+        finished = [FinishEvent(t.req.id, t.sample, self._reason(t), self._result(t)) for t in self.done[mark:]]
+        report = StepReport(step, ran, self._emitted, finished, self.clock - clock0)
+        self._emitted = []
+        if not self.retain:
+            self.done.clear()
+            self.trace.clear()
+        return report
+
     def run(self, requests, progress=None) -> dict:
-        """Serve `requests` (a list of `Request`) to the end; returns the results (see `sim.serve`). The
-        prefix cache and its recency order carry over to the next call."""
+        """Serve `requests` (a list of `Request`, each arriving at its ``arrival`` step) to the end: `submit`
+        and `step` until none is left, the idle steps skipped (the step counter jumps to the next arrival);
+        returns the results (see `sim.serve`). ``progress(done, total)`` is called after each step that ran.
+        The prefix cache and its recency order carry over to the next call."""
         reqs = list(requests)
         for r in reqs:
             _check_request(r)
@@ -501,58 +646,25 @@ class Engine:
             raise EngineError("request ids must be distinct")
         if self.alloc == "contiguous" and self.contig_rows is None:
             self.contig_rows = max((len(r.prompt) + r.gen - 1 for r in reqs), default=1)
-        states = {}
-        for r in reqs:
-            states[r.id, 0] = _State(r, list(r.prompt))
-            for j in range(1, r.n):
-                states[r.id, j] = _State(r, list(r.prompt), sample=j)
-                states[r.id, 0].pending.append(states[r.id, j])
-        pending = sorted((t for t in states.values() if t.sample == 0), key=lambda s: (s.req.arrival, s.req.id))
-        if any(r.temperature for r in reqs) and self.scale is None:
-            self.scale = logit_scale(self.m, self.config)
-        self.waiting, self.running, self.done = [], [], []
-        self.counter = self.preemptions = self.hit_rows = 0
-        self.clock, self.step_no, self.trace = 0, 0, []
+        self.start()
         self.cancel = set(self.cancel) & {r.id for r in reqs}
+        pending = sorted(reqs, key=lambda r: (r.arrival, r.id))
         total = len(pending)
-        while pending or self.waiting or self.running:
-            while pending and pending[0].req.arrival <= self.step_no:
-                s = pending.pop(0)
-                s.arrival_cycles = self.clock
-                s.refused = self._refusal(s)
-                if s.refused:
-                    for t in [s] + s.pending:
-                        t.refused = s.refused
-                        self.done.append(t)
-                else:
-                    self.waiting.append(s)
-            self.waiting.sort(key=self._queue_key)
-            for s in [t for t in self.running + self.waiting if t.req.id in self.cancel
-                      or (t.req.abort is not None and t.req.abort <= self.step_no)]:
-                self._abort(s)
-            while self.waiting:
-                slots = len(self.running) + sum(len(t.pending) for t in self.running) + 1 + len(self.waiting[0].pending)
-                if slots <= self.max_running and self._admit(self.waiting[0]):
-                    self.waiting.pop(0)
-                    continue
-                # no slot or no pages: under "priority" the head preempts a running request of lower priority
-                lower = [t for t in self.running if t.req.priority < self.waiting[0].req.priority]
-                if self.policy != "priority" or not lower:
-                    break
-                self._preempt(self._lowest(lower))
-            if not self.running:
+        results = {}
+        tick = None if progress is None else (lambda: progress(len(self.done), total))
+        while pending or self.busy:
+            while pending and pending[0].arrival <= self.step_no:
+                for f in self.submit(pending.pop(0)):
+                    results[f.id, f.sample] = f.result
+            report = self.step(tick)
+            for f in report.finished:
+                results[f.id, f.sample] = f.result
+            if not report.ran:
                 if self.waiting and not pending:
                     raise EngineError(f"request {self.waiting[0].req.id} cannot be admitted into an empty pool")
                 # nothing changes until the next arrival: go there at once
-                self.step_no = pending[0].req.arrival if pending else self.step_no + 1
-                continue
-            self._step()
-            if self.check:
-                check_invariants(self)
-            if progress is not None:
-                progress(len(self.done), total)
-            self.step_no += 1
-        return self._results(states)
+                self.step_no = pending[0].arrival if pending else self.step_no + 1
+        return self._results(results)
 
     # ---- one step ----------------------------------------------------------------------------------
     def _cache_only(self, s: _State, p: int | None = None) -> bool:
@@ -738,6 +850,7 @@ class Engine:
                 else:
                     s.tokens.append(tok)
                     s.logits.append(res["logits_int"])
+                    self._emitted.append(TokenEvent(s.req.id, s.sample, g, tok, end))
                     if s.first_cycles is None:
                         s.first_cycles = end
             s.pos += 1
@@ -775,6 +888,7 @@ class Engine:
             c.pos, c.hashes = s.pos, list(s.hashes)
             c.tokens = list(s.req.prompt) + [self._pick(c, res["logits_int"], 0, res["tok"])]
             c.logits = [res["logits_int"]]
+            self._emitted.append(TokenEvent(c.req.id, c.sample, 0, c.tokens[-1], end))
             c.arrival_cycles, c.first_cycles = s.arrival_cycles, end
             self.counter += 1
             c.order = self.counter
@@ -783,32 +897,41 @@ class Engine:
         s.pending = []
         return out
 
-    def _results(self, states) -> dict:
-        out = []
-        for _, s in sorted(states.items()):
-            d = {"id": s.req.id, "prompt": list(s.req.prompt), "gen": s.req.gen, "arrival": s.req.arrival}
-            if s.req.n > 1:
-                d["sample"] = s.sample
-            if s.req.temperature:
-                d.update(temperature=s.req.temperature, top_k=s.req.top_k, seed=s.req.seed)
-            if s.req.stop:
-                d["stop"] = list(s.req.stop)
-            if s.req.priority:
-                d["priority"] = s.req.priority
-            if s.refused:
-                d["refused"] = s.refused
-            else:
-                toks = s.tokens[len(s.req.prompt):]
-                reason = "abort" if s.aborted is not None else "stop" if toks and toks[-1] in s.req.stop else "length"
-                if s.aborted is not None:
-                    d["aborted"] = s.aborted
-                d.update({"tokens": toks, "logits_int": s.logits, "finish_reason": reason,
-                          "ttft_cycles": None if s.first_cycles is None else s.first_cycles - s.arrival_cycles,
-                          "finish_cycles": s.finish_cycles - s.arrival_cycles,
-                          "preempted": s.preempted, "prefix_hit_rows": s.hit_rows,
-                          "rows_computed": s.computed_rows, "prompt_rows_computed": s.prompt_rows})
-            out.append(d)
-        return {"requests": out, "total_cycles": self.clock, "steps": self.trace,
+    @staticmethod
+    def _reason(s: _State) -> str:
+        """Why a finished sample ended: refused, abort, stop (its last token is a stop token) or length."""
+        if s.refused:
+            return "refused"
+        if s.aborted is not None:
+            return "abort"
+        return "stop" if len(s.tokens) > len(s.req.prompt) and s.tokens[-1] in s.req.stop else "length"
+
+    def _result(self, s: _State) -> dict:
+        """A finished (or refused) sample's result: its parameters, tokens, integer logits and times."""
+        d = {"id": s.req.id, "prompt": list(s.req.prompt), "gen": s.req.gen, "arrival": s.req.arrival}
+        if s.req.n > 1:
+            d["sample"] = s.sample
+        if s.req.temperature:
+            d.update(temperature=s.req.temperature, top_k=s.req.top_k, seed=s.req.seed)
+        if s.req.stop:
+            d["stop"] = list(s.req.stop)
+        if s.req.priority:
+            d["priority"] = s.req.priority
+        if s.refused:
+            d["refused"] = s.refused
+            return d
+        if s.aborted is not None:
+            d["aborted"] = s.aborted
+        d.update({"tokens": s.tokens[len(s.req.prompt):], "logits_int": s.logits, "finish_reason": self._reason(s),
+                  "ttft_cycles": None if s.first_cycles is None else s.first_cycles - s.arrival_cycles,
+                  "finish_cycles": s.finish_cycles - s.arrival_cycles,
+                  "preempted": s.preempted, "prefix_hit_rows": s.hit_rows,
+                  "rows_computed": s.computed_rows, "prompt_rows_computed": s.prompt_rows})
+        return d
+
+    def _results(self, results: dict) -> dict:
+        """`run`'s result: every request's result (by id, then sample) and the run's figures."""
+        return {"requests": [d for _, d in sorted(results.items())], "total_cycles": self.clock, "steps": self.trace,
                 "preemptions": self.preemptions, "prefix_hit_rows": self.hit_rows,
                 "programs_compiled": len(self.runner.progs),
                 "load_cycles": getattr(self.runner, "load_counters", [0])[0]}
