@@ -1,13 +1,12 @@
 """The chip-against-float agreement study of Chapters 12/13 (model spec 6.1): random models,
 teacher-forced on the float model's own tokens, the chip's dequantized k/v rows as its cache.
 
-Run ``python -m host.agreement`` to print it (book: 559/576, mean 2.3 %, worst 6.1 %); the integer
-interpreter stands in for the chip, whose readback equals it exactly.
+``ga2 agreement`` (``python -m sim.agreement``) prints it (book: 559/576, mean 2.3 %, worst 6.1 %); the
+integer interpreter stands in for the chip, whose readback equals it exactly.
 """
 from __future__ import annotations
 
 import math
-import sys
 
 import compiler as C
 
@@ -15,7 +14,7 @@ from .calibrate import calibrate
 from .paged import MAX_CONTEXT
 from .tiny_lm import V, argmax, build_graph, float_generate, float_step, make_model
 
-__all__ = ["agreement_study", "decode_forced", "rel_rms", "MAX_STEPS", "build_parser", "main"]
+__all__ = ["agreement_study", "decode_forced", "rel_rms", "MAX_STEPS"]
 
 
 def rel_rms(got, ref) -> float:
@@ -82,37 +81,3 @@ def agreement_study(seeds=(1, 2, 3), starts=range(V), steps: int = 12, backend=N
 # context L compiles a matmul of inner dimension L, at most the book's matrix unit's K
 MAX_STEPS = MAX_CONTEXT
 
-
-def build_parser():
-    # the command line is shared by every command of the project (sim.cli); the study itself above
-    # imports nothing from sim/
-    from sim.cli import Parser, int_range
-    p = Parser("python -m host.agreement",
-               "The chip-against-float agreement study (model spec 6.1): random models, teacher-forced on the "
-               "float model's tokens, the chip's token compared with the float token at every step of every "
-               "start; the integer interpreter stands in for the chip. The book's figure: 559/576 with the "
-               "default options (about 10 s); time grows with seeds x steps^2.",
-               "python -m host.agreement --steps 12 --seeds 1 2 3")
-    p.add_argument("--steps", type=int_range(1, MAX_STEPS), default=12, metavar="N",
-                   help=f"decode steps per start, 1..{MAX_STEPS} (the chip's longest context)")
-    p.add_argument("--seeds", type=int_range(0, 2**32 - 1), nargs="+", default=[1, 2, 3], metavar="S",
-                   help="random-model seeds")
-    return p
-
-
-def main(argv=None) -> int:
-    from sim.cli import Progress
-    a = build_parser().parse_args(argv)
-    # the integer interpreter stands in for the chip here (host/ never imports a simulator); pass a
-    # backend to agreement_study to run the programs on one
-    with Progress("agreement", unit="decode") as bar:
-        r = agreement_study(tuple(a.seeds), range(V), a.steps, progress=bar)
-    print(f"random models {a.seeds} x {V} starts x {a.steps} steps, teacher-forced on the float tokens")
-    print(f"{'agreement':>12s} {'mean rel. RMS logit error':>26s} {'worst':>8s}")
-    print(f"{r['agree']:5d}/{r['total']:<6d} {100 * r['mean_err']:25.1f}% {100 * r['worst_err']:7.1f}%")
-    return 0
-
-
-if __name__ == "__main__":
-    from sim.cli import guarded
-    sys.exit(guarded(main))

@@ -33,7 +33,7 @@ import re
 import sys
 import time
 
-from sim.cli import UsageError, int_range
+from sim.cli import CommandError, UsageError, int_range
 
 __all__ = ["LOCAL", "DEFAULT_RETRIES", "ClusterError", "address", "cluster_option", "check_cluster_args",
            "Cluster", "worker_backend"]
@@ -44,7 +44,7 @@ _OBJECT_STORE = 256 << 20       # bytes of shared memory for a local runtime: re
 _ADDRESS = re.compile(r"(?P<scheme>ray://)?(?P<host>[A-Za-z0-9][A-Za-z0-9.\-]*|\[[0-9A-Fa-f:.]+\]):(?P<port>[0-9]+)")
 
 
-class ClusterError(RuntimeError):
+class ClusterError(CommandError):
     """The cluster cannot be reached or used, or a task failed beyond its retries (the message says which)."""
 
 

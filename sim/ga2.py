@@ -26,7 +26,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "mutants": ("sim.verify.mutants", "mutation testing: every broken version must be caught (minutes)"),
     "pagetable-demo": ("sim.pagetable_demo", "example A: the page table event by event, fork, copy-on-write"),
     "paging-study": ("sim.paging_study", "example B: memory, prefix sharing, window accuracy; JSON and figures"),
-    "agreement": ("host.agreement", "the random-model chip-vs-float agreement study (559/576)"),
+    "agreement": ("sim.agreement", "the random-model chip-vs-float agreement study (559/576)"),
     "formal": ("sim.verify.formal", "formal properties of the chip's blocks (SymbiYosys)"),
     "serve": ("sim.serve", "serve a trace of requests: continuous batching, prefix cache, preemption, replays"),
     "board-sim": ("sim.board.boardsim", "a GA-2 board in simulation behind a pseudo-terminal, for --sim board --port"),

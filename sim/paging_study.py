@@ -16,6 +16,7 @@ import sys
 
 from host.pagetable import OutOfPages, PageTable
 from sim.cli import Parser, UsageError, guarded, make_dir, output_dir, write_json
+from sim.plot import pyplot
 
 CAP = 8192                  # part 1: pool of cache rows
 LONGEST = 2048              # part 1: longest allowed request, what a contiguous scheme must reserve
@@ -196,19 +197,12 @@ def table_serving(r) -> list[str]:
 
 
 # ---- figures -------------------------------------------------------------------------------------------
-def _plt():
-    try:
-        import matplotlib
-    except ImportError:
-        raise UsageError("drawing the figures needs matplotlib (pip install matplotlib, or "
-                         "pip install -e '.[test]'); --no-figures prints the tables alone") from None
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    return plt
+
+FIGURES_HINT = "; --no-figures prints the tables alone"     # after a missing matplotlib's error
 
 
 def fig_memory(r, path):
-    plt = _plt()
+    plt = pyplot(hint=FIGURES_HINT)
     names = [f"contiguous\n(reserve {LONGEST})"] + [f"paged\npage {p}" for p in PAGES_1]
     vals = [r["contiguous"]] + [r["paged"][p] for p in PAGES_1]
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.6))
@@ -234,7 +228,7 @@ def fig_memory(r, path):
 
 
 def fig_sharing(r, path):
-    plt = _plt()
+    plt = pyplot(hint=FIGURES_HINT)
     keys = [f"{p}/{g}" for p, g in SHARE_CASES]
     fig, ax = plt.subplots(figsize=(9, 4.6))
     x = range(len(keys))
@@ -253,7 +247,7 @@ def fig_sharing(r, path):
 
 
 def fig_window(r, path):
-    plt = _plt()
+    plt = pyplot(hint=FIGURES_HINT)
     Ws = list(WINDOWS_3)
     fig, ax = plt.subplots(figsize=(7, 4.6))
     ax.plot(Ws, [100 * r[W][0] / r[W][1] for W in Ws], "o-", color="tab:blue", label="decisions agreeing (%)")
@@ -274,7 +268,7 @@ def fig_window(r, path):
 
 
 def fig_serving(r, path):
-    plt = _plt()
+    plt = pyplot(hint=FIGURES_HINT)
     fig, ax = plt.subplots(figsize=(7, 4.6))
     ax.plot(CONTEXTS_4, [r[c][2] for c in CONTEXTS_4], "o-", label="full attention")
     ax.plot(CONTEXTS_4, [r[c][3] for c in CONTEXTS_4], "s-", label=f"window {WINDOW_4}")
@@ -309,7 +303,7 @@ def load_decodes(out_dir) -> dict | None:
 
 
 def fig_cycles(cycles, path):
-    plt = _plt()
+    plt = pyplot(hint=FIGURES_HINT)
     fig, ax = plt.subplots(figsize=(8, 4.6))
     for (w, c), style in zip(cycles.items(), ("o-", "s-", "^-")):
         ax.plot(range(1, len(c) + 1), c, style, ms=3, label="no window" if w == "none" else f"window {w}")
@@ -386,7 +380,7 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     parts = parse_parts(args.parts)
     if not args.no_figures:
-        _plt()                      # say now, not after the tables, if matplotlib is missing
+        pyplot(hint=FIGURES_HINT)   # say now, not after the tables, if matplotlib is missing
     make_dir(args.out)
     cycles = load_decodes(args.out)     # a bad decode file is refused before any work
     studies = {1: ("memory", memory_study, table_memory, fig_memory),

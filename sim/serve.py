@@ -2,176 +2,32 @@
 
     python -m sim.serve --requests 24 --seed 3 --max-batch 4 --window 8 --sim reference --json a.json
 
-The trace (`make_trace`): request lengths drawn from Example B's long-tailed shape (lognormal, 16..2048
-rows) scaled into ``--prompt-len`` and ``--gen-len``; a fraction ``--prefix-share`` of the prompts begin
-with one of a few shared prefixes; arrivals all at step 0 or Poisson. `host.engine.Engine` serves it and
-every request is then replayed alone on the reference machine (`host.engine.decode_alone`, what
-``sim.decode --prompt`` runs): its tokens and integer logits must be identical (exit status 1 if not).
-Times are chip cycles: TTFT from the request's arrival to its first token, TPOT per later token.
+The trace (`host.serving.trace.make_trace`): request lengths drawn from Example B's long-tailed shape
+(lognormal, 16..2048 rows) scaled into ``--prompt-len`` and ``--gen-len``; a fraction ``--prefix-share`` of
+the prompts begin with one of a few shared prefixes; arrivals all at step 0 or Poisson. `host.engine.Engine`
+serves it and every request is then replayed alone on the reference machine (`host.engine.decode_alone`,
+what ``sim.decode --prompt`` runs): its tokens and integer logits must be identical (exit status 1 if not).
+Times are chip cycles: TTFT from the request's arrival to its first token, TPOT per later token
+(`host.serving.results.summary`). This module wires the host's serving code to a backend and prints;
+``--chips K`` is `sim.serving.multichip`.
 """
 from __future__ import annotations
 
-import argparse
-import math
 import os
-import random
 import sys
 import time
 
+from host.serving.results import add_replays, replay_cmd, replay_mismatches, summary
+from host.serving.trace import N_PREFIXES, PREFIX_LEN, make_trace
 from sim.backends import MAX_LAT
 from sim.cli import (Parser, Progress, UsageError, backend_options, board_options, chip_option, guarded, int_range,
-                     link_report, make_dir, output_dir, output_file, sim_option, window, write_json, write_png)
+                     link_report, make_dir, output_dir, output_file, sim_option, window, write_json)
+from sim.options import arrival, fraction, span, temperature, token_list
+from sim.plot import chart, pyplot
 
-__all__ = ["make_trace", "serve", "add_replays", "build_parser", "main", "token_list", "check_prompt_args",
-           "run_prompt_decode", "replay_cmd", "summary"]
+__all__ = ["serve", "build_parser", "check_args", "main", "serve_targets"]
 
 DEFAULT_SIM = "reference"
-N_PREFIXES = 2           # shared prefixes of a trace
-PREFIX_LEN = 24          # tokens of each (a long shared system prompt)
-
-
-def token_list(text: str) -> list:
-    """An argparse type: comma-separated tokens 0..15, e.g. ``3,1,4``."""
-    try:
-        toks = [int(t) for t in text.split(",")]
-    except ValueError:
-        toks = []
-    if not toks or any(not 0 <= t <= 15 for t in toks):
-        raise argparse.ArgumentTypeError(f"must be comma-separated tokens 0..15, got {text!r}")
-    return toks
-
-
-def span(text: str) -> tuple:
-    """An argparse type: ``A:B`` with 1 <= A <= B."""
-    try:
-        a, b = (int(t) for t in text.split(":"))
-    except ValueError:
-        a = b = 0
-    if not 1 <= a <= b:
-        raise argparse.ArgumentTypeError(f"must be A:B with 1 <= A <= B, got {text!r}")
-    return (a, b)
-
-
-def arrival(text: str):
-    """An argparse type: ``all`` or ``poisson:RATE`` (requests per engine step, > 0)."""
-    if text == "all":
-        return ("all", 0.0)
-    if text.startswith("poisson:"):
-        try:
-            rate = float(text[8:])
-        except ValueError:
-            rate = 0.0
-        if rate > 0 and math.isfinite(rate):
-            return ("poisson", rate)
-    raise argparse.ArgumentTypeError(f"must be 'all' or 'poisson:RATE' with RATE > 0, got {text!r}")
-
-
-def temperature(text: str) -> float:
-    """An argparse type: a finite number >= 0."""
-    try:
-        t = float(text)
-    except ValueError:
-        t = -1.0
-    if not (math.isfinite(t) and t >= 0):
-        raise argparse.ArgumentTypeError(f"must be a number >= 0, got {text!r}")
-    return t
-
-
-def fraction(text: str) -> float:
-    try:
-        f = float(text)
-    except ValueError:
-        f = -1.0
-    if not 0 <= f <= 1:
-        raise argparse.ArgumentTypeError(f"must be a number within 0..1, got {text!r}")
-    return f
-
-
-def _long_tail(gen, lo: int, hi: int) -> int:
-    # Example B's lengths (lognormal(5.2, 0.9) within 16..2048 rows) mapped linearly onto lo..hi
-    x = min(2048, max(16, int(gen.lognormvariate(5.2, 0.9))))
-    return min(hi, lo + (x - 16) * (hi - lo + 1) // (2048 - 16 + 1))
-
-
-def make_trace(n: int, seed: int, prompt_len=(2, 16), gen_len=(2, 16), prefix_share: float = 0.0,
-               arrivals=("all", 0.0), priorities: int = 1) -> list:
-    """The synthetic trace: a list of `host.engine.Request` (ids 0..n-1), a function of its arguments.
-    With ``priorities`` K > 1 each request gets a priority 0..K-1 (drawn apart: the rest is unchanged)."""
-    from host.engine import Request
-    gen = random.Random(seed)
-    prio = random.Random(f"{seed}:priority")
-    prefixes = [[gen.randrange(16) for _ in range(PREFIX_LEN)] for _ in range(N_PREFIXES)]
-    t, reqs = 0.0, []
-    for i in range(n):
-        pl = _long_tail(gen, *prompt_len)
-        gl = _long_tail(gen, *gen_len)
-        if gen.random() < prefix_share:
-            pre = prefixes[gen.randrange(N_PREFIXES)]
-            prompt = pre[:pl] + [gen.randrange(16) for _ in range(pl - len(pre))]
-        else:
-            prompt = [gen.randrange(16) for _ in range(pl)]
-        if arrivals[0] == "poisson" and i:
-            t += gen.expovariate(arrivals[1])
-        reqs.append(Request(i, prompt, gl, int(t), priority=prio.randrange(priorities) if priorities > 1 else 0))
-    return reqs
-
-
-def add_replays(a, requests, out) -> None:
-    """Give every served request its ``replay_cmd``; print one ``error:`` line for each refused one."""
-    for r in requests:
-        if "refused" in r:
-            print(f"error: {r['refused']} (refused; the other requests are served)", file=out)
-        else:
-            r["replay_cmd"] = replay_cmd(a, r)
-
-
-def replay_cmd(a, r) -> list:
-    """The ``python -m sim.decode`` argument list that replays request `r` alone (same calibration)."""
-    steps = len(r["tokens"]) if "aborted" in r else r["gen"]          # a cancelled one: its tokens so far
-    cmd = ["python", "-m", "sim.decode", "--prompt", ",".join(map(str, r["prompt"])), "--steps", str(steps),
-           "--window", "none" if a.window is None else str(a.window), "--model", a.model,
-           "--chip", a.chip.spec(), "--sim", "reference"]
-    if a.sinks:
-        cmd += ["--sinks", str(a.sinks)]
-    if a.seed_model is not None:
-        cmd += ["--seed", str(a.seed_model)]
-    if r.get("stop"):
-        cmd += ["--stop", ",".join(map(str, r["stop"]))]
-    if r.get("temperature"):
-        cmd += ["--temperature", str(r["temperature"]), "--top-k", str(r["top_k"]), "--sample-seed", str(r["seed"]),
-                "--sample", str(r.get("sample", 0))]
-    return cmd
-
-
-def _p99(v):
-    v = sorted(v)
-    return v[max(0, math.ceil(0.99 * len(v)) - 1)] if v else 0
-
-
-def _mean(v):
-    return sum(v) / len(v) if v else 0.0
-
-
-def summary(res: dict) -> dict:
-    """The figures of a served trace (integers where they are counts of cycles, rows or pages)."""
-    done = [r for r in res["requests"] if "refused" not in r]
-    tokens = sum(len(r["tokens"]) for r in done)
-    ttft = [r["ttft_cycles"] for r in done if r["ttft_cycles"] is not None]     # None: cancelled before a token
-    tpot = [(r["finish_cycles"] - r["ttft_cycles"]) / (len(r["tokens"]) - 1) for r in done if len(r["tokens"]) > 1]
-    pages = [s["pages"] for s in res["steps"]]
-    total = res["total_cycles"]
-    return {"requests_finished": len(done), "refused": len(res["requests"]) - len(done),
-            "tokens_generated": tokens, "total_cycles": total,
-            "tokens_per_mcycle": round(tokens * 1e6 / total, 3) if total else 0.0,
-            "ttft_mean_cycles": round(_mean(ttft), 1), "ttft_p99_cycles": _p99(ttft),
-            "tpot_mean_cycles": round(_mean(tpot), 1), "tpot_p99_cycles": round(_p99(tpot), 1),
-            "peak_pages": max(pages, default=0), "mean_pages": round(_mean(pages), 2),
-            "peak_running": max((s["running"] for s in res["steps"]), default=0),
-            "preemptions": res["preemptions"], "prefix_hit_rows": res["prefix_hit_rows"],
-            "prompt_rows_computed": sum(r["prompt_rows_computed"] for r in done),
-            "engine_steps": len(res["steps"]), "programs_compiled": res["programs_compiled"],
-            "cycles_per_token": round(total / tokens, 1) if tokens else 0.0, "load_cycles": res["load_cycles"],
-            "pages_owned_at_end": res["owned_at_end"], "pages_cached_at_end": res["cached_at_end"]}
 
 
 def serve(a, backend=None, max_batch=None, progress=None, engine_cls=None) -> dict:
@@ -310,23 +166,7 @@ def check_args(a) -> None:
     if a.page * a.pages > (1 << 20):
         raise UsageError(f"--page {a.page} --pages {a.pages}: more than 2^20 rows")
     if a.out:
-        from sim.sweep import _plt
-        _plt()
-
-
-def _draw(path, title, xs, ys, xlabel, ylabel, kind="line"):
-    from sim.sweep import _plt
-    plt = _plt()
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    if kind == "bar":
-        ax.bar([str(x) for x in xs], ys)
-    else:
-        ax.step(xs, ys, where="post")
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel(ylabel)
-    ax.set_title(title)
-    fig.tight_layout()
-    write_png(path, fig)              # atomic: no half-drawn figure is left behind
+        pyplot("the serving figures")           # a missing matplotlib is said before any work
 
 
 def main(argv=None, out=None) -> int:
@@ -338,7 +178,6 @@ def main(argv=None, out=None) -> int:
     if a.chips > 1 or a.cluster is not None:
         from sim.serving.multichip import main_chips
         return main_chips(a, out)
-    from host.engine import decode_alone
     from host.batch import BatchRunner
     from sim.backends.reference import ReferenceMachine
     t0 = time.perf_counter()
@@ -379,17 +218,8 @@ def main(argv=None, out=None) -> int:
     status = 0
     if not a.no_verify:
         runner = BatchRunner(m, ReferenceMachine(config=a.chip), cfg_lat(a), a.chip)
-        bad = []
         done = [r for r in res["requests"] if "refused" not in r]
-        for r in done:
-            steps = len(r["tokens"]) if "aborted" in r else r["gen"]
-            if not steps:
-                continue
-            toks, logits, _ = decode_alone(m, r["prompt"], steps, None, a.window, a.sinks, runner=runner,
-                                           stop=r.get("stop", ()), temperature=r.get("temperature", 0.0),
-                                           top_k=r.get("top_k", 0), seed=r.get("seed", 0), sample=r.get("sample", 0))
-            if toks != r["tokens"] or logits != r["logits_int"]:
-                bad.append(r["id"])
+        bad = replay_mismatches(m, done, a.window, a.sinks, runner)
         if bad:
             status = 1
             print(f"replays alone: {len(bad)} of {len(done)} requests DIFFER (ids {bad[:10]}); e.g. "
@@ -410,9 +240,9 @@ def main(argv=None, out=None) -> int:
             rb.pop("model")
             rates.append(summary(rb)["tokens_per_mcycle"])
         doc["throughput_by_batch"] = dict(zip(map(str, sizes), rates))
-        _draw(os.path.join(a.out, "serve_throughput.png"), f"{a.requests} requests, window {w}, chip "
+        chart(os.path.join(a.out, "serve_throughput.png"), f"{a.requests} requests, window {w}, chip "
               f"{a.chip.spec()}", sizes, rates, "max batch (rows per program)", "tokens per million cycles", "bar")
-        _draw(os.path.join(a.out, "serve_pages.png"), f"pool of {a.pages} pages, max batch {a.max_batch}",
+        chart(os.path.join(a.out, "serve_pages.png"), f"pool of {a.pages} pages, max batch {a.max_batch}",
               [st["step"] for st in res["steps"]], [st["pages"] for st in res["steps"]], "engine step",
               "pages owned by requests")
     if hasattr(backend, "link_summary"):
@@ -512,59 +342,6 @@ def serve_targets(config=None, out=None) -> dict:
             "contiguous_running": contig["peak_running"], "memory_ratio": mratio,
             "prompt_rows_with_cache": on["prompt_rows_computed"], "prompt_rows_without": off["prompt_rows_computed"],
             "prefix_row_cut": cut, "resident_cycles_per_token": per}
-
-
-# ---- sim.decode --prompt: one request alone ----------------------------------------------------------
-
-def check_prompt_args(a) -> None:
-    """`sim.decode`'s checks when ``--prompt`` is given (the context limit of every row)."""
-    from host.window import sink_context
-    if getattr(a, "mode", "book") != "book":
-        raise UsageError("--prompt runs in --mode book only for now")
-    if a.sinks and a.window is None:
-        raise UsageError(f"--sinks {a.sinks} needs a window (--window N)")
-    rows = len(a.prompt) + a.steps - 1
-    ctx = max(sink_context(L, a.window, a.sinks) for L in range(1, rows + 1))
-    if ctx > a.chip.mm_max_k:
-        raise UsageError(f"--prompt of {len(a.prompt)} tokens and --steps {a.steps} need a context of {ctx} "
-                         f"tokens; the chip attends at most {a.chip.mm_max_k}: use a window")
-
-
-def run_prompt_decode(a, out=None) -> dict:
-    """`sim.decode --prompt`: the request alone, with the engine's calibration (`host.engine.decode_alone`)."""
-    out = out or sys.stdout
-    from host import tiny_lm as T
-    from host.engine import decode_alone
-    from sim.backends import get_backend
-    seed = a.seed if a.seed is not None else (1 if a.model == "structured" else 2)
-    cfg = a.chip
-    lat = cfg.lat if a.lat is None else a.lat
-    m = T.make_model(a.model, seed)
-    t0 = time.perf_counter()
-    backend = get_backend(a.sim, config=cfg, **backend_options(a))
-    toks, logits, recs = decode_alone(m, a.prompt, a.steps, backend, a.window, a.sinks, lat, cfg,
-                                      stop=getattr(a, "stop", None) or (), temperature=getattr(a, "temperature", 0.0),
-                                      top_k=getattr(a, "top_k", 0), seed=getattr(a, "sample_seed", 0),
-                                      sample=getattr(a, "sample", 0))
-    w = "none" if a.window is None else str(a.window)
-    print(f"GA-2 decode of a prompt alone: {a.model} model (seed {seed}), prompt {','.join(map(str, a.prompt))}, "
-          f"{a.steps} tokens generated, window {w}, sinks {a.sinks}, simulator {a.sim}, chip {cfg.spec()} "
-          f"(the serving engine's calibration: host.batch)", file=out)
-    print(f"tokens: {' '.join(map(str, a.prompt))} | {' '.join(map(str, toks))}", file=out)
-    total = sum(r["counters"][0] for r in recs)
-    if not a.quiet:
-        print(f"\n{'row':>5} {'ctx':>4} {'tok':>4} {'total':>8}", file=out)
-        for r in recs:
-            # a prompt row before the last computes only its cache row: no attention, no token
-            ctx, tok = ("kv", "-") if r["tok"] is None else (r["ctx"], r["tok"])
-            print(f"{r['L']:5d} {ctx:>4} {tok:>4} {r['counters'][0]:8d}", file=out)
-    print(f"total cycles {total} over {len(recs)} rows ({time.perf_counter() - t0:.1f} s)", file=out)
-    link_report(backend, out)
-    return {"prompt": list(a.prompt), "steps": a.steps, "window": a.window, "sinks": a.sinks, "model": a.model,
-            "seed": seed, "sim": a.sim, "chip": cfg.spec(), "lat": lat,
-            "tokens": list(a.prompt) + toks, "logits_int": logits, "calibration": "universal",
-            "records": [{"L": r["L"], "ctx": r["ctx"], "tok": r["tok"], "counters": r["counters"]} for r in recs],
-            "cycles_total": total}
 
 
 if __name__ == "__main__":

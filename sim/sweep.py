@@ -17,8 +17,9 @@ import os
 import sys
 from dataclasses import asdict
 
-from sim.cli import (Parser, Progress, UsageError, guarded, make_dir, output_dir, sim_option, write_json, write_png,
+from sim.cli import (Parser, Progress, guarded, make_dir, output_dir, sim_option, write_json, write_png,
                      write_text)
+from sim.plot import pyplot
 
 __all__ = ["DEFAULT_CONFIGS", "ULX3S_85F", "STEPS", "WINDOW", "configs", "decode", "first_difference",
            "fits", "config_row", "sweep", "format_markdown", "build_parser", "main"]
@@ -184,19 +185,9 @@ def format_markdown(doc: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _plt():
-    try:
-        import matplotlib
-    except ImportError:
-        raise UsageError("the sweep's figure needs matplotlib (pip install -e '.[test]')") from None
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    return plt
-
-
 def draw(doc: dict, path) -> None:
     """Cycles per token at context 4 against LUTs (with synthesis) or per configuration (bars)."""
-    plt = _plt()
+    plt = pyplot("the sweep's figure")
     fig, ax = plt.subplots(figsize=(7, 4.5))
     names = [r["chip"] for r in doc["rows"]]
     cycles = [r["cycles_ctx4"] for r in doc["rows"]]
@@ -245,7 +236,7 @@ def main(argv=None) -> int:
     a = build_parser().parse_args(argv)
     from sim.cluster import check_cluster_args
     check_cluster_args(a)
-    _plt()                              # a missing matplotlib or synthesis extra is said before any work
+    pyplot("the sweep's figure")         # a missing matplotlib or synthesis extra is said before any work
     if a.synth:
         from sim.flow.synth import require_tools
         require_tools(pnr=True)

@@ -171,7 +171,7 @@ def test_usage_error_names_option_and_value(capsys):
 
 
 def test_agreement_steps_beyond_the_chip_is_one_line():
-    p = subprocess.run([sys.executable, "-m", "host.agreement", "--steps", "100"], cwd=ROOT,
+    p = subprocess.run([sys.executable, "-m", "sim.agreement", "--steps", "100"], cwd=ROOT,
                        capture_output=True, text=True, timeout=60)
     assert p.returncode == 2 and p.stdout == ""
     assert p.stderr == "error: --steps must be within 1..64, got 100\n"
@@ -186,10 +186,11 @@ def test_user_errors_are_the_projects_exception_types():
     from host.pagetable import OutOfPages, PageTableError
     from host.window import WindowError
     from sim.backends import BackendUnavailable, SimError
+    from sim.cluster import ClusterError
     from sim.formats.hexfile import HexFileError
     kinds = cli.user_errors()
     for kind in (cli.UsageError, IsaError, SimError, BackendUnavailable, CompileError, OutOfPages,
-                 PageTableError, HostError, WindowError, HexFileError, FileNotFoundError):
+                 PageTableError, HostError, WindowError, HexFileError, ClusterError, FileNotFoundError):
         assert issubclass(kind, kinds), kind
 
 

@@ -314,7 +314,7 @@ def test_the_routes():
     ``load`` to the chip with the fewest engine steps after taking it (then the fewer rows), whatever the
     prompt."""
     from host.engine import Request
-    from sim.serving.multichip import route
+    from host.serving.router import route
     shared = [1, 2, 3, 4, 5, 6, 7, 8]
     # rows 12, 2, 12; 2 rows a step: request 2 makes either chip need 12 steps, chip 1 has fewer rows
     reqs = [Request(0, shared + [9], 4), Request(1, [0, 0], 1), Request(2, shared + [10], 4)]

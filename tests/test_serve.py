@@ -6,6 +6,8 @@ import json
 
 import pytest
 
+from host.serving.results import summary
+from host.serving.trace import make_trace
 from sim import decode, ga2, serve
 
 
@@ -122,7 +124,7 @@ def test_a_token_budget_halves_the_p99_time_to_first_token_without_losing_throug
         a = serve.build_parser().parse_args(["--no-verify"] + extra)
         res = serve.serve(a)
         res.pop("model")
-        return serve.summary(res)
+        return summary(res)
     one, budget = run([]), run(["--max-batched-tokens", "16"])
     assert budget["ttft_p99_cycles"] * 2 <= one["ttft_p99_cycles"]
     assert budget["tokens_per_mcycle"] >= one["tokens_per_mcycle"]
@@ -145,7 +147,7 @@ def test_every_budget_gives_the_last_first_token_at_the_prefill_bound(tmp_path, 
     # the cache-only rows four a program and the last prompt rows four a program (by context); a budget of 4
     # and one of 16 both reach that bound, with every replay identical and the same throughput
     from host.window import sink_context
-    reqs = serve.make_trace(24, 3)
+    reqs = make_trace(24, 3)
     last = sorted((sink_context(len(r.prompt), 8) for r in reqs), reverse=True)
     cache = sum(len(r.prompt) - 1 for r in reqs)
     bound = sum(_program_cycles(last[i:i + 4]) for i in range(0, len(last), 4))
@@ -187,7 +189,7 @@ def test_priorities_with_stop_tokens_and_a_budget_are_served_with_every_replay_i
     doc = json.loads(path.read_text())
     assert {r.get("priority", 0) for r in doc["requests"]} == {0, 1, 2} and doc["pages_owned_at_end"] == 0
     # the priorities come from their own generator: the trace is otherwise the one without them
-    plain = serve.make_trace(10, 3, arrivals=("poisson", 0.5))
+    plain = make_trace(10, 3, arrivals=("poisson", 0.5))
     assert [(r.prompt, r.gen, r.arrival) for r in plain] == [(r["prompt"], r["gen"], r["arrival"]) for r in doc["requests"]]
 
 

@@ -2,66 +2,21 @@
 
 Each chip is a simulator with its own page pool and `host.engine.Engine` (`ChipServer`); with ``--cluster``
 each is a Ray actor (`sim.cluster.Cluster.actors`), otherwise they run one after the other here: the
-results are the same. A router (`route`) assigns every request, in order of arrival, to one chip:
-
-- ``load``: the chip with the least work assigned (the engine steps its requests need at least, with
-  this one; the router does not watch the chips' progress), the lowest index on a tie;
-- ``prefix``: the chip whose earlier requests share the longest prefix with this prompt (what its prefix
-  cache can hold), counted in whole pages (the cache's unit), the least loaded among equals.
-
-The chips run in parallel in simulated time: the trace takes as many cycles as the busiest chip, and the
-aggregate throughput is every chip's tokens per million of those cycles. Every request must still equal
-its replay alone (`host.engine.decode_alone`, on the reference machine).
+results are the same. The router (`host.serving.router.route`, ``load`` or ``prefix``) assigns every
+request, in order of arrival, to one chip. The chips run in parallel in simulated time: the trace takes as
+many cycles as the busiest chip (`host.serving.router.aggregate`). Every request must still equal its
+replay alone (`host.engine.decode_alone`, on the reference machine).
 """
 from __future__ import annotations
 
 import os
 import time
 
-__all__ = ["ROUTES", "route", "ChipServer", "serve_chips", "aggregate", "main_chips"]
+from host.serving.results import add_replays, replay_mismatches
+from host.serving.router import ROUTES, aggregate, route
+from host.serving.trace import make_trace
 
-ROUTES = ("load", "prefix")
-
-
-def _common(a, b) -> int:
-    n = 0
-    for x, y in zip(a, b):
-        if x != y:
-            break
-        n += 1
-    return n
-
-
-def route(reqs, chips: int, policy: str, page: int, max_batch: int) -> list:
-    """The chip of every request of `reqs` (taken in the trace's order of arrival, ties by id), by `policy`.
-
-    A chip's load is the engine steps its requests need at least: their rows (prompt + generated - 1) over
-    `max_batch` rows a step, or its longest request's rows if more (one row per request and step).
-    ``load`` picks the chip whose load after taking the request is least; ``prefix`` the chip whose earlier
-    requests share the most whole pages (of `page` rows) with the prompt, the least loaded among equals.
-    Ties go to the lowest index. The router does not watch the chips' progress.
-    """
-    if policy not in ROUTES:
-        raise ValueError(f"route must be one of {', '.join(ROUTES)}, got {policy!r}")
-    rows, longest = [0] * chips, [0] * chips
-    seen: list[list] = [[] for _ in range(chips)]
-    chip_of = {}
-    for r in sorted(reqs, key=lambda r: (r.arrival, r.id)):
-        n = len(r.prompt) + r.gen - 1
-
-        def load_after(k):
-            return max(-(-(rows[k] + n) // max_batch), longest[k], n)
-
-        if policy == "prefix":
-            shared = [max((_common(r.prompt, p) // page for p in seen[k]), default=0) for k in range(chips)]
-        else:
-            shared = [0] * chips
-        k = min(range(chips), key=lambda k: (-shared[k], load_after(k), rows[k], k))
-        chip_of[r.id] = k
-        rows[k] += n
-        longest[k] = max(longest[k], n)
-        seen[k].append(r.prompt)
-    return [chip_of[r.id] for r in reqs]
+__all__ = ["ChipServer", "serve_chips", "main_chips"]
 
 
 class ChipServer:
@@ -87,7 +42,6 @@ class ChipServer:
 def serve_chips(a, chips: int, policy: str, cluster=None) -> dict:
     """Serve the trace of `a` on `chips` chips routed by `policy`; with `cluster` (a `sim.cluster.Cluster`,
     entered) the chips are Ray actors. Returns {"chip_of": [...], "chips": [engine result per chip]}."""
-    from sim.serve import make_trace
     reqs = make_trace(a.requests, a.seed, a.prompt_len, a.gen_len, a.prefix_share, a.arrival)
     chip_of = route(reqs, chips, policy, a.page, a.max_batch)
     parts = [[r for r, k in zip(reqs, chip_of) if k == c] for c in range(chips)]
@@ -99,25 +53,6 @@ def serve_chips(a, chips: int, policy: str, cluster=None) -> dict:
     return {"chip_of": chip_of, "chips": results}
 
 
-def aggregate(run: dict) -> dict:
-    """The figures of a K-chip run: tokens, the busiest chip's cycles, tokens per million of them, the
-    prefix-cache hit rate (hit rows over prompt rows), and per chip its requests, tokens and cycles."""
-    per = []
-    for c, res in enumerate(run["chips"]):
-        done = [r for r in res["requests"] if "refused" not in r]
-        per.append({"chip": c, "requests": len(done), "tokens": sum(len(r["tokens"]) for r in done),
-                    "cycles": res["total_cycles"], "prefix_hit_rows": res["prefix_hit_rows"],
-                    "prompt_rows": sum(len(r["prompt"]) for r in done), "preemptions": res["preemptions"]})
-    tokens = sum(p["tokens"] for p in per)
-    span = max((p["cycles"] for p in per), default=0)
-    prompt_rows = sum(p["prompt_rows"] for p in per)
-    hits = sum(p["prefix_hit_rows"] for p in per)
-    return {"chips": len(per), "tokens_generated": tokens, "span_cycles": span,
-            "tokens_per_mcycle": round(tokens * 1e6 / span, 3) if span else 0.0,
-            "prefix_hit_rows": hits, "prompt_rows": prompt_rows,
-            "prefix_hit_rate": round(hits / prompt_rows, 4) if prompt_rows else 0.0, "per_chip": per}
-
-
 def main_chips(a, out) -> int:
     """`sim.serve`'s main for ``--chips K`` or ``--cluster``: serve, print, verify every request alone,
     write the JSON and, with ``--out``, the figures (throughput against K = 1, 2, 4 and the prefix-hit rate
@@ -126,10 +61,8 @@ def main_chips(a, out) -> int:
 
     from host import tiny_lm as T
     from host.batch import BatchRunner
-    from host.engine import decode_alone
     from sim.cli import make_dir, write_json
     from sim.backends.reference import ReferenceMachine
-    from sim.serve import add_replays, cfg_lat
     if a.mode != "book":
         from sim.cli import UsageError
         raise UsageError(f"--chips {a.chips}{' --cluster' if a.cluster else ''}: --mode {a.mode} is not built "
@@ -176,11 +109,9 @@ def main_chips(a, out) -> int:
     status = 0
     if not a.no_verify:
         m = T.make_model(a.model, a.seed_model if a.seed_model is not None else (1 if a.model == "structured" else 2))
-        runner = BatchRunner(m, ReferenceMachine(config=a.chip), cfg_lat(a), a.chip)
+        runner = BatchRunner(m, ReferenceMachine(config=a.chip), a.chip.lat if a.lat is None else a.lat, a.chip)
         done = [r for r in reqs if "refused" not in r]
-        bad = [r["id"] for r in done
-               if decode_alone(m, r["prompt"], r["gen"], None, a.window, a.sinks, runner=runner)[:2]
-               != (r["tokens"], r["logits_int"])]
+        bad = replay_mismatches(m, done, a.window, a.sinks, runner)
         if bad:
             status = 1
             print(f"replays alone: {len(bad)} of {len(done)} requests DIFFER (ids {bad[:10]})", file=out)
@@ -191,13 +122,13 @@ def main_chips(a, out) -> int:
            "chip": a.chip.spec(), "window": a.window, "page": a.page, "pages": a.pages, **figures,
            "run": {"sim": a.sim, "cluster": a.cluster, "wall_seconds": round(wall, 2)}}
     if a.out:
-        from sim.serve import _draw
+        from sim.plot import chart
         make_dir(a.out, out)
         t = figures["throughput_by_chips"]
-        _draw(os.path.join(a.out, "serve_chips.png"), f"{a.requests} requests, route {a.route}",
+        chart(os.path.join(a.out, "serve_chips.png"), f"{a.requests} requests, route {a.route}",
               list(map(int, t)), list(t.values()), "chips", "aggregate tokens per million cycles", "bar")
         h = figures["prefix_hit_rate_by_route"]
-        _draw(os.path.join(a.out, "serve_route_prefix_hits.png"), f"{a.chips} chips, prefix share "
+        chart(os.path.join(a.out, "serve_route_prefix_hits.png"), f"{a.chips} chips, prefix share "
               f"{a.prefix_share}", list(h), list(h.values()), "route", "prefix-cache hit rows / prompt rows", "bar")
     if a.json:
         write_json(a.json, doc, out=out)
