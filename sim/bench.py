@@ -8,21 +8,30 @@ reference's. ``--random`` (or a missing host.paged) uses random programs from si
 same total cycles instead. Prints per backend: wall time, cycles simulated per second, and the ratio of
 its wall time to the reference machine's. Verilator's build is done (or found in the cache) beforehand
 and reported apart; its in-model rate counts only the edges from start to halt.
+
+``--serve --url URL`` is the load generator instead (`host.serving.loadgen`): ``ga2 serve``'s trace sent to
+a running OpenAI-compatible server (``ga2 serve --http``), Poisson arrivals, TTFT, TPOT and end-to-end
+latency at p50, p90 and p99, output tokens per second, failures by HTTP status, --json and --png.
 """
 from __future__ import annotations
 
+import argparse
+import math
 import random
 import sys
 import time
 
 from sim.backends import MAX_LAT, BackendUnavailable, SimError, first_difference, get_backend
 from sim.cli import (Parser, Progress, UsageError, backend_options, board_options, chip_option, guarded, int_range,
-                     output_file, window, write_json)
+                     output_file, window, write_json, write_png)
+from sim.options import fraction, span
+from sim.plot import pyplot
 
 from host.paged import MAX_CONTEXT     # the book's context limit: the decode's steps without a window
 
 __all__ = ["decode_jobs", "resident_jobs", "random_jobs", "bench", "mac_count", "mode_figures", "compare_modes",
-           "board_figures", "trace_jobs", "build_parser", "main"]
+           "board_figures", "trace_jobs", "request_rate", "server_url", "loadgen_options", "serve_load",
+           "latency_figure", "build_parser", "main"]
 
 
 class _Recorder:
@@ -306,13 +315,144 @@ def board_figures(board, config, window, steps: int, lat: int, fmax_hz=None, out
     return figures
 
 
+# ---- --serve --url: the load generator against a running server --------------------------------------
+
+LOADGEN_DEFAULTS = {"requests": 100, "rate": 50.0, "prompt_len": (2, 16), "gen_len": (2, 16), "prefix_share": 0.0,
+                    "seed": 3}
+
+
+def request_rate(text: str) -> float:
+    """An argparse type: requests per second, a number > 0 or ``inf`` (every request at once)."""
+    try:
+        r = float(text)
+    except ValueError:
+        r = -1.0
+    if not r > 0:               # also refuses nan
+        raise argparse.ArgumentTypeError(f"must be requests per second > 0, or inf, got {text!r}")
+    return r
+
+
+def server_url(text: str) -> str:
+    """An argparse type: a server's base URL (`host.serving.loadgen.check_url`)."""
+    from host.serving.loadgen import LoadGenError, check_url
+    try:
+        return check_url(text)
+    except LoadGenError as e:
+        raise argparse.ArgumentTypeError(str(e).removeprefix("--url ")) from None
+
+
+def loadgen_options(p) -> None:
+    """The options of ``--serve --url`` (each refused without it)."""
+    d = LOADGEN_DEFAULTS
+    g = p.add_argument_group("the load generator (--serve --url URL)")
+    g.add_argument("--url", type=server_url, default=None, metavar="URL",
+                   help="with --serve: send the trace to the OpenAI-compatible server at URL (ga2 serve --http) "
+                        "and time it, instead of the targets")
+    g.add_argument("--requests", type=int_range(1, 10000), default=None, metavar="N",
+                   help=f"requests in the trace (default {d['requests']})")
+    g.add_argument("--rate", type=request_rate, default=None, metavar="R",
+                   help=f"Poisson arrivals of R requests per second, drawn from --seed; inf sends all at once "
+                        f"(default {d['rate']:g})")
+    g.add_argument("--prompt-len", type=span, default=None, metavar="A:B",
+                   help="prompt tokens, A..B, as ga2 serve's trace (default 2:16)")
+    g.add_argument("--gen-len", type=span, default=None, metavar="A:B",
+                   help="max_tokens of each request, A..B, as ga2 serve's trace (default 2:16)")
+    g.add_argument("--prefix-share", type=fraction, default=None, metavar="F",
+                   help="fraction of prompts that begin with a shared prefix, as ga2 serve's trace (default 0)")
+    g.add_argument("--seed", type=int, default=None, metavar="S",
+                   help=f"trace seed: ga2 serve --seed S has the same prompts (default {d['seed']})")
+    g.add_argument("--json", type=output_file, default=None, metavar="PATH",
+                   help="write the summary and every request (prompt, tokens, times, error) as JSON (default: none)")
+    g.add_argument("--png", type=output_file, default=None, metavar="PATH",
+                   help="draw the latency distribution (TTFT, TPOT, end-to-end) to PATH (default: none)")
+    g.add_argument("--api-key", default=None, metavar="KEY",
+                   help="send Authorization: Bearer KEY (the server's --api-key; default: none)")
+
+
+def serve_load(a, out=None) -> int:
+    """``--serve --url``: ``ga2 serve``'s trace sent to the server at ``a.url`` (`host.serving.loadgen`); prints
+    the percentiles and the errors, writes --json and --png; exit status 1 if a request failed."""
+    from host.serving import loadgen as L
+    out = out or sys.stdout
+    d = LOADGEN_DEFAULTS
+    n, rate, seed = (d[k] if getattr(a, k) is None else getattr(a, k) for k in ("requests", "rate", "seed"))
+    plen, glen, share = (d[k] if getattr(a, k) is None else getattr(a, k)
+                         for k in ("prompt_len", "gen_len", "prefix_share"))
+    if a.png:
+        pyplot("--png")                 # a missing matplotlib is said before any request is sent
+    try:
+        model = L.probe(a.url, a.api_key)
+    except L.LoadGenError as e:
+        raise UsageError(str(e)) from None
+    prompts = L.trace_prompts(n, seed, plen, glen, share)
+    times = L.arrival_times(n, rate, seed)
+    how = "all at once" if math.isinf(rate) else f"Poisson at {rate:g} requests/s"
+    print(f"GA-2 load generator: {n} streaming completions to {a.url} (model {model}), {how}; ga2 serve's "
+          f"trace of seed {seed}: prompts {plen[0]}:{plen[1]} tokens, max_tokens {glen[0]}:{glen[1]}, prefix "
+          f"share {share:g}", file=out)
+    with Progress(f"requests to {a.url}", unit="request") as bar:
+        records, duration = L.run_load(a.url, prompts, times, model, a.api_key, progress=bar)
+    s = L.summarize(records, duration)
+    for line in L.report_lines(s):
+        print(line, file=out)
+    if a.json:
+        write_json(a.json, {"url": a.url, "model": model, "requests": n, "rate": "inf" if math.isinf(rate) else rate,
+                            "seed": seed, "prompt_len": list(plen), "gen_len": list(glen), "prefix_share": share,
+                            "summary": s, "records": records}, out=out)
+    if a.png:
+        latency_figure(a.png, records, s, f"{n} requests to {a.url}, {how}", out)
+    return 0 if s["failed"] == 0 else 1
+
+
+def latency_figure(path, records, s, title, out=None) -> None:
+    """The latency distribution of a load run: a histogram each of TTFT, TPOT and end-to-end latency (the
+    succeeded requests), with their p50, p90 and p99 marked; written atomically to `path`."""
+    from host.serving.loadgen import PERCENTILES, request_tpot
+    plt = pyplot("--png")
+    ok = [r for r in records if r["error_kind"] is None]
+    series = (("time to first token", "ttft_s", [r["ttft_s"] for r in ok if r["ttft_s"] is not None]),
+              ("time per output token", "tpot_s", [t for t in map(request_tpot, ok) if t is not None]),
+              ("end-to-end latency", "e2e_s", [r["e2e_s"] for r in ok]))
+    fig, axes = plt.subplots(1, 3, figsize=(13, 4))
+    for ax, (label, key, values) in zip(axes, series):
+        ax.hist(values, bins=30, color="tab:blue", alpha=0.8)
+        for p, style in zip(PERCENTILES, (":", "--", "-")):
+            v = s[key][f"p{p}"]
+            if v is not None:
+                ax.axvline(v, color="tab:red", linestyle=style, label=f"p{p} {v:.3f} s")
+        ax.set_xlabel(f"{label} (s)")
+        ax.set_ylabel("requests")
+        if values:
+            ax.legend(fontsize=8)
+    fig.suptitle(f"{title}: {s['succeeded']} succeeded, {s['failed']} failed")
+    fig.tight_layout()
+    write_png(path, fig, out=out)
+
+
+LOADGEN_ONLY = ("requests", "rate", "prompt_len", "gen_len", "prefix_share", "seed", "json", "png", "api_key")
+
+
+def check_loadgen_args(a) -> None:
+    """The load generator's options go with --serve --url and nothing of the simulator benchmark."""
+    given = [k for k in LOADGEN_ONLY if getattr(a, k) is not None]
+    if a.url is None:
+        raise UsageError(f"--{given[0].replace('_', '-')} is an option of the load generator: give --serve --url URL")
+    if not a.serve:
+        raise UsageError(f"--url {a.url} needs --serve (the load generator against that server)")
+    for flag, bad in (("--trace", a.trace), ("--random", a.random), ("--mode resident", a.mode == "resident"),
+                      ("--port", a.port)):
+        if bad:
+            raise UsageError(f"{flag} is for the simulator benchmark, not the load generator (--url)")
+
+
 def build_parser() -> Parser:
     from sim.backends import BACKENDS
     p = Parser("python -m sim.bench",
                "Run one workload (the paged decode, recorded once on the reference machine) on every asked "
                "simulator and report wall time, chip cycles per second and the ratio to the reference; every "
                "result must equal the reference's. A cold Verilator build is done first and timed apart.",
-               "python -m sim.bench --sims reference,verilator --window 4 --steps 32")
+               "python -m sim.bench --sims reference,verilator --window 4 --steps 32\n"
+               "python -m sim.bench --serve --url http://127.0.0.1:8123 --requests 200 --json load.json --png load.png")
     p.add_argument("--window", type=window, default=4, metavar="{none|N}", help="decode window")
     p.add_argument("--steps", type=int_range(1, MAX_CONTEXT), default=32, metavar="N",
                    help=f"decode steps, 1..{MAX_CONTEXT} (at most the chip's matrix K without a window)")
@@ -340,7 +480,8 @@ def build_parser() -> Parser:
                         "simulators; without --chip the resident chip is the preset fast")
     p.add_argument("--serve", action="store_true",
                    help="instead: the serving targets of sim.serve as ratios (batch 1/2/4/8 throughput, paging "
-                        "vs contiguous concurrency, prefix-cache row cut), on the reference machine")
+                        "vs contiguous concurrency, prefix-cache row cut), on the reference machine; with --url, "
+                        "the load generator against a running server")
     p.add_argument("--trace", type=output_file, default=None, metavar="FILE.json",
                    help="also write a timeline to FILE.json (Chrome trace-event JSON for ui.perfetto.dev or "
                         "chrome://tracing) of the workload's programs, the same every simulator runs (the decode's "
@@ -348,12 +489,16 @@ def build_parser() -> Parser:
                         "as the reference machine runs them: a track for the sequencer and one per unit, a slice "
                         "per instruction, time in chip cycles. Not with --serve (ga2 serve --trace draws a served "
                         "trace)")
+    loadgen_options(p)
     return p
 
 
 def main(argv=None) -> int:
     from sim.backends import BACKENDS
     a = build_parser().parse_args(argv)
+    if a.url is not None or any(getattr(a, k) is not None for k in LOADGEN_ONLY):
+        check_loadgen_args(a)
+        return serve_load(a)
     sims = [s.strip() for s in a.sims.split(",") if s.strip()]
     bad = [s for s in sims if s not in BACKENDS]
     if bad or not sims:

@@ -154,3 +154,34 @@ def test_probe_names_the_url():
     transport = httpx.MockTransport(lambda r: httpx.Response(200, json={"data": []}))
     with pytest.raises(L.LoadGenError, match="lists no model"):
         L.probe("http://mock", transport=transport)
+
+
+# ---- the command: one-line errors before any request -------------------------------------------------
+
+def _ga2(capsys, *argv):
+    from sim import ga2
+    code = ga2.main(list(argv))
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.timeout(60)
+def test_command_refuses_in_one_line(capsys, tmp_path):
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    cases = [(("--serve", "--url", url), f"error: cannot connect to {url}: "),
+             (("--serve", "--url", "127.0.0.1:80"), "error: --url must be http://HOST:PORT"),
+             (("--url", url), f"error: --url {url} needs --serve"),
+             (("--rate", "5"), "error: --rate is an option of the load generator"),
+             (("--serve", "--url", url, "--rate", "-1"), "error: --rate must be requests per second > 0"),
+             (("--serve", "--url", url, "--trace", str(tmp_path / "t.json")), "error: --trace is for the simulator")]
+    for argv, start in cases:
+        code, out, err = _ga2(capsys, "bench", *argv)
+        assert code == 2 and out == "" and err.startswith(start) and err.count("\n") == 1, (argv, err)
+    assert not list(tmp_path.iterdir())
