@@ -85,7 +85,8 @@ def _sse(*events) -> bytes:
 
 
 def _chunk(text, finish=None):
-    return {"object": "text_completion", "choices": [{"index": 0, "text": text, "finish_reason": finish}]}
+    return {"id": "cmpl-7", "object": "text_completion",
+            "choices": [{"index": 0, "text": text, "finish_reason": finish}]}
 
 
 def _mock_server(seen):
@@ -128,7 +129,7 @@ def test_stream_read_and_every_failure_counted():
     assert calls[-1] == (8, 8) and len(calls) == 8
     assert [r["id"] for r in records] == list(range(8))
     assert records[0]["tokens"] == [10, 11, 12] and records[0]["finish_reason"] == "length"
-    assert records[0]["error_kind"] is None and records[0]["status"] == 200
+    assert records[0]["error_kind"] is None and records[0]["status"] == 200 and records[0]["response_id"] == "cmpl-7"
     assert 0 <= records[0]["ttft_s"] <= records[0]["e2e_s"] <= duration
     assert [r["error_kind"] for r in records] == [None, "429", "500", "stream", "connection", "stream", "stream",
                                                   "401"]

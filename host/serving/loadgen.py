@@ -172,6 +172,8 @@ async def _stream(client, url, body, headers, rec, t_sent) -> None:
             if "error" in chunk:
                 raise _Failed("stream", f"the server's error mid-stream: {_error_text(data.encode())}")
             now = time.perf_counter()
+            if rec["response_id"] is None and chunk.get("id") is not None:
+                rec["response_id"] = str(chunk["id"])      # the server's name for it (its replay log's)
             for choice in chunk.get("choices") or ():
                 if choice.get("index", 0) != 0:
                     raise _Failed("stream", f"a choice of index {choice.get('index')} for a request of n=1")
@@ -192,7 +194,7 @@ async def _stream(client, url, body, headers, rec, t_sent) -> None:
 async def _one(client, url, model, i, prompt, max_tokens, start_at, t0, headers, request_timeout) -> dict:
     import httpx
     rec = {"id": i, "prompt": prompt, "max_tokens": max_tokens, "scheduled_s": start_at - t0, "sent_s": None,
-           "status": None, "error": None, "error_kind": None, "tokens": [], "finish_reason": None,
+           "response_id": None, "status": None, "error": None, "error_kind": None, "tokens": [], "finish_reason": None,
            "ttft_s": None, "last_token_s": None, "e2e_s": None}
     delay = start_at - time.perf_counter()
     if delay > 0:
