@@ -21,9 +21,9 @@ import sys
 import time
 
 __all__ = ["write_png", "UsageError", "user_errors", "guarded", "Parser", "int_range", "window", "sim_option", "chip",
-           "chip_option", "positive_seconds", "board_options", "backend_options", "link_report",
+           "chip_option", "positive_seconds", "board_options", "assert_option", "backend_options", "link_report",
            "output_file", "output_dir", "make_dir", "write_text", "write_json", "Progress",
-           "PROGRESS_ENV", "progress_interval", "CommandError"]
+           "PROGRESS_ENV", "progress_interval"]
 
 PROGRESS_ENV = "GA2_PROGRESS_SECONDS"   # seconds between plain progress lines when not on a terminal
 _DEFAULT_INTERVAL = 10.0
@@ -36,18 +36,11 @@ class UsageError(ValueError):
     """Bad command-line input (the message names the option and the value)."""
 
 
-class CommandError(RuntimeError):
-    """A run that failed for a reason its message states, not a bug: the base of the error types of the
-    modules above this one (e.g. `sim.cluster.ClusterError`), so that `guarded` catches them without
-    importing those modules (which import this one)."""
-
-
 def user_errors() -> tuple[type[BaseException], ...]:
     """The exception types that describe a user's mistake or a failed run, not a bug.
 
     Explicit imports on purpose: a renamed or moved exception fails here, loudly (and in
-    tests/test_cli.py), instead of silently turning back into a traceback. A module that imports this one
-    derives its error type from `CommandError` instead (tests/test_cli.py checks those too).
+    tests/test_cli.py), instead of silently turning back into a traceback.
     """
     from compiler.graph import CompileError
     from hdl.config import ChipSpecError
@@ -58,9 +51,10 @@ def user_errors() -> tuple[type[BaseException], ...]:
     from host.window import WindowError
     from sim.backends import SimError
     from sim.backends.board_backend import BoardError
+    from sim.cluster import ClusterError
     from sim.formats.hexfile import HexFileError
     return (UsageError, ChipSpecError, IsaError, SimError, CompileError, OutOfPages, PageTableError, HostError,
-            WindowError, HexFileError, CommandError, EngineError, BoardError, OSError)
+            WindowError, HexFileError, ClusterError, EngineError, BoardError, OSError)
 
 
 def _message(e: BaseException) -> str:
@@ -221,12 +215,30 @@ def board_options(parser: argparse.ArgumentParser) -> None:
                    help="with --sim board: frames that may fail in a row (NAK, garbled or lost) before the run fails")
 
 
+def assert_option(parser: argparse.ArgumentParser) -> None:
+    """Add ``--assert`` (``args.asserts``): with --sim verilator, `backend_options` asks for the model built
+    with the design's assertions evaluated."""
+    parser.add_argument("--assert", dest="asserts", action="store_true",
+                        help="with --sim verilator: run the model built with the design's assertions evaluated "
+                             "(hdl.properties; a model of its own, cached apart, slower to build and run); a failed "
+                             "one stops its program with an error naming the property and the cycle")
+
+
 def backend_options(a, sim: str | None = None) -> dict:
     """The backend arguments of the parsed options `a` for the simulator `sim` (default ``a.sim``): the
-    board's port, baud, timeout and retries for ``board``, nothing for the others. A --port without
-    --sim board, or --sim board without a --port, is a `UsageError`."""
+    board's port, baud, timeout and retries for ``board``, ``asserts`` for ``verilator`` with --assert,
+    nothing for the others. A --port without --sim board, --sim board without a --port, or --assert
+    without --sim verilator is a `UsageError`."""
     sim = getattr(a, "sim", None) if sim is None else sim
     port = getattr(a, "port", None)
+    if getattr(a, "asserts", False):
+        if sim != "verilator":
+            raise UsageError(f"--assert builds the Verilator model with the design's assertions: it needs --sim "
+                             f"verilator, not --sim {sim}" + (" (Amaranth's simulator evaluates every Assert "
+                                                               "anyway)" if sim == "amaranth" else ""))
+        if port is not None:
+            raise UsageError(f"--port {port} is for --sim board (the board's serial port), not --sim {sim}")
+        return {"asserts": True}
     if sim != "board":
         if port is not None:
             raise UsageError(f"--port {port} is for --sim board (the board's serial port), not --sim {sim}")

@@ -17,6 +17,7 @@ SLOW_FIRST = (
     "test_cluster.py",          # Ray: a local runtime and a head (the xdist group)
     "test_verilator.py",        # five LATs, two EXTs, the 8x8 chip, the stand-in harness
     "test_fuzz.py",             # the fresh-seed campaign: five (EXT, LAT) models
+    "test_verilator_asserts.py",    # book and fast models with assertions, a broken chip's
     "test_board_sim.py",        # the board top in Verilator (book and fast), driven through a pty (one group)
     "test_resident_rtl.py",     # the gather chip's model
     "test_engine.py",           # the fast chip's model

@@ -11,8 +11,8 @@ from __future__ import annotations
 import operator
 from dataclasses import dataclass, field
 
-__all__ = ["RunResult", "ErrorStop", "TraceEntry", "SimError", "DidNotHalt", "BackendUnavailable", "BadInput",
-           "Backend", "BACKENDS", "get_backend", "MAX_CYCLES", "MAX_LAT", "first_difference",
+__all__ = ["RunResult", "ErrorStop", "TraceEntry", "SimError", "DidNotHalt", "AssertionFailed", "BackendUnavailable",
+           "BadInput", "Backend", "BACKENDS", "get_backend", "MAX_CYCLES", "MAX_LAT", "first_difference",
            "program_words", "image_words", "scratchpad_words", "check_lat", "check_max_cycles"]
 
 MAX_CYCLES = 100_000        # the book's testbench gives up after this many cycles
@@ -95,6 +95,11 @@ class SimError(RuntimeError):
 
 class DidNotHalt(SimError):
     pass
+
+
+class AssertionFailed(SimError):
+    """A property of the design (an `Assert` of `hdl.properties`) failed while the program ran: the message
+    names the property and where (the run, the cycle) when the simulator knows."""
 
 
 class BackendUnavailable(SimError):

@@ -7,6 +7,12 @@ the harness's backdoor ports. Each (chip configuration, EXT, LAT) is its own ela
 cached under ``build/verilator/<hash>/`` (or ``$GA2_BUILD_DIR/verilator/<hash>/``), the hash covering the
 Verilog, the C++ driver, the build flags (the configuration's key among them) and the Verilator version.
 
+With ``asserts=True`` (``--assert`` on ``ga2 fuzz`` and ``ga2 decode``) the model is built with Verilator's
+``--assert``: the design's properties (`hdl.properties`: Amaranth emits each `Assert` as an immediate
+``assert`` with its message) are evaluated at every edge, and a failed one ends that program with
+`AssertionFailed` naming the property, the edge and the job. It is a model of its own (other flags, a
+define for the driver, so another cache key): it never stands in for the model without assertions.
+
 Verilator's run-time library (``verilated.cpp``, ``verilated_threads.cpp``: about half of a small model's
 compile time) is compiled once and its objects reused by every later model (`_OBJCACHE`, under
 ``<cache root>/objects/``): an object is found by the compiler, its flags and the source as preprocessed
@@ -17,6 +23,7 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -27,10 +34,11 @@ from array import array
 from pathlib import Path
 
 from hdl.config import BOOK, ChipConfig
-from sim.backends import (MAX_CYCLES, Backend, BackendUnavailable, BadInput, DidNotHalt, ErrorStop, RunResult,
-                         SimError, check_lat, check_max_cycles, image_words, program_words, scratchpad_words)
+from sim.backends import (MAX_CYCLES, AssertionFailed, Backend, BackendUnavailable, BadInput, DidNotHalt, ErrorStop,
+                         RunResult, SimError, check_lat, check_max_cycles, image_words, program_words,
+                         scratchpad_words)
 
-__all__ = ["VerilatorBackend", "default_build_root", "verilator_command"]
+__all__ = ["VerilatorBackend", "default_build_root", "verilator_command", "verilator_flags", "assertion_failures"]
 
 DRIVER = Path(__file__).with_name("verilator_main.cpp")
 TOP = "ga2_harness"
@@ -50,6 +58,40 @@ RESULT_HEAD = 13                # halted, edges, five counters, run ns (two word
 VERILATOR_FLAGS = ["--cc", "--exe", "--build", "-O3", "--x-assign", "fast", "--x-initial", "fast",
                    "--noassert", "-Wno-fatal", "-Wno-lint", "-Wno-style", "-Wno-UNOPTFLAT",
                    "-MAKEFLAGS", "OPT_FAST=-O2 OPT_SLOW=-O1 OPT_GLOBAL=-O2 CFG_CXXFLAGS_PCH_I=-include"]
+
+
+
+def verilator_flags(asserts: bool = False) -> list[str]:
+    """`VERILATOR_FLAGS`, with ``--assert`` in place of ``--noassert`` when `asserts` (looked up at each call:
+    a test may patch the list)."""
+    if not asserts:
+        return list(VERILATOR_FLAGS)
+    return ["--assert" if f == "--noassert" else f for f in VERILATOR_FLAGS]
+
+
+# The driver's line after a failed assertion (sim/backends/verilator_main.cpp, GA2_ASSERT models).
+_ASSERT_LINE = re.compile(r"^ga2sim: assertion failed: job (\d+), edge (-?\d+)$", re.M)
+# A failed assertion in the model's output: the Amaranth Assert's message "<scope>.<name>: <statement>"
+# (hdl.properties; printed without a newline) and Verilator's "[time] %Error: file:line: Assertion failed
+# in ..." on the same line. Verilator's "%Error: ...: Verilog $stop" lines in between carry no message.
+_FAILED_LINE = re.compile(r"^(.*?)\[\d+\] %Error: [^\n]*Assertion failed", re.M)
+_PROPERTY = re.compile(r"([a-z][a-z0-9_]*\.[a-z][a-z0-9_]*): (.*)")
+
+
+def assertion_failures(stdout: str) -> dict[int, tuple[int, list[tuple[str, str]]]]:
+    """The failed assertions in a GA2_ASSERT model's `stdout`: job -> (edge, [(property, statement), ...]),
+    the properties in the order the model printed them (those of one edge, the first first)."""
+    found, pos = {}, 0
+    for mark in _ASSERT_LINE.finditer(stdout):
+        chunk = stdout[pos:mark.start()]
+        pos = mark.end()
+        props = []
+        for line in _FAILED_LINE.finditer(chunk):
+            named = _PROPERTY.fullmatch(line.group(1).strip())
+            props.append((named.group(1), named.group(2)) if named else ("(unnamed)", line.group(1).strip()))
+        found[int(mark.group(1))] = (int(mark.group(2)), props)
+    return found
+
 
 _tool_cache: dict[str, tuple[list[str], str]] = {}
 
@@ -221,10 +263,11 @@ def objcache_command(root: Path) -> str:
 
 
 def compile_model(tool: list[str], root: Path, final: Path, sources: dict[str, str], top: str, prefix: str,
-                  exe: str, defines: list[str], what: str, verbose: bool) -> None:
+                  exe: str, defines: list[str], what: str, verbose: bool, flags: list[str] | None = None) -> None:
     """Build one Verilator executable into the directory `final` (the chip models and the board top).
 
-    `sources` maps file names (Verilog, then the C++ driver) to their text. The build runs in a private
+    `sources` maps file names (Verilog, then the C++ driver) to their text; `flags` are Verilator's options
+    (default `VERILATOR_FLAGS`, the caller's cache key must cover them). The build runs in a private
     directory under `root` that becomes `final` by an atomic rename, never half-built; the run-time
     library's objects come from `objcache_command`. A failed build raises `BackendUnavailable` naming its log.
     """
@@ -234,7 +277,7 @@ def compile_model(tool: list[str], root: Path, final: Path, sources: dict[str, s
     work = Path(tempfile.mkdtemp(prefix=f".{final.name}-", dir=root))
     for name, text in sources.items():
         (work / name).write_text(text)
-    cmd = tool + VERILATOR_FLAGS + [
+    cmd = tool + (VERILATOR_FLAGS if flags is None else flags) + [
         "-j", str(min(os.cpu_count() or 1, 4)), "--top-module", top, "--prefix", prefix,
         "--Mdir", "obj", "-o", exe, "-CFLAGS", " ".join(defines), *sources]
     log_path = root / f"{final.name}-build.log"
@@ -266,6 +309,17 @@ def _chip_harness(ext: int, lat: int, config: ChipConfig = BOOK):
     return ChipHarness(ext_words=ext, lat=lat, config=config)
 
 
+def _assertion_error(edge: int, props: list[tuple[str, str]]) -> AssertionFailed:
+    """The one-line error of a job whose run failed an assertion at `edge` (`assertion_failures`)."""
+    when = ("while the program was loaded" if edge < 0 else
+            "at the start edge" if edge == 0 else f"at edge {edge} after the start pulse")
+    if not props:
+        return AssertionFailed(f"an assertion failed {when} (the model printed no property name)")
+    (name, text), more = props[0], len({n for n, _ in props} - {props[0][0]})
+    also = f" (and {more} other propert{'y' if more == 1 else 'ies'} in the same edge)" if more else ""
+    return AssertionFailed(f"assertion {name} failed {when}: {text}{also}")
+
+
 class VerilatorBackend(Backend):
     """Runs programs on the Verilator-compiled chip harness.
 
@@ -281,6 +335,9 @@ class VerilatorBackend(Backend):
         ``hdl.harness.ChipHarness``. Tests use it for a stand-in.
     verbose : bool, optional
         Print a line to stderr when a model is built and how long it took (tens of seconds); default on.
+    asserts : bool
+        Build the model with the design's assertions evaluated (keyword only; off by default): a failed
+        one ends its program with `AssertionFailed`. A separate model (`verilator_flags`), slower to build.
     config : hdl.config.ChipConfig
         The chip to build (keyword only; the book's chip by default). Its key is part of every model's
         cache key, so two chips never share a model. The driver reads 32-bit counters: a chip with
@@ -299,12 +356,13 @@ class VerilatorBackend(Backend):
     name = "verilator"
 
     def __init__(self, max_cycles: int = MAX_CYCLES, build_dir=None, design=None, verbose: bool | None = None,
-                 *, config: ChipConfig = BOOK):
+                 *, config: ChipConfig = BOOK, asserts: bool = False):
         self.max_cycles = check_max_cycles(max_cycles)
         if config.counter_bits != 32:
             raise BackendUnavailable(f"the Verilator driver reads 32-bit counters; this chip's are "
                                      f"{config.counter_bits} bits (use --sim amaranth or reference)")
         self.config = config
+        self.asserts = bool(asserts)
         self.build_root = Path(build_dir) if build_dir is not None else default_build_root()
         self.design = design or _chip_harness
         self.verbose = True if verbose is None else verbose    # a cold build takes ~20 s: always say so
@@ -326,6 +384,8 @@ class VerilatorBackend(Backend):
         defines = [f"-DGA2_EXT={ext}", f"-DGA2_LAT={lat}", f"-DGA2_SPAD={cfg.spad_depth}"]
         if cfg.gather:      # the harness has the scratchpad backdoor and the error outputs
             defines.append("-DGA2_GATHER=1")
+        if self.asserts:    # the driver reports a failed assertion and goes on with the next job
+            defines.append("-DGA2_ASSERT=1")
         if self.design is not _chip_harness:
             from amaranth.back import verilog
             design = self.design(ext, lat) if cfg == BOOK else self.design(ext, lat, cfg)
@@ -336,7 +396,7 @@ class VerilatorBackend(Backend):
         # hdl/ sources (+ everything else that goes into the model) to the model built from them.
         source_key = _hdl_source_key()
         shortcut = self.build_root / "by-source" / _digest(
-            source_key, cfg.key(), _amaranth_version(), driver, self.version, " ".join(VERILATOR_FLAGS + defines))
+            source_key, cfg.key(), _amaranth_version(), driver, self.version, " ".join(self.flags() + defines))
         self.build_root.mkdir(parents=True, exist_ok=True)
         # One emitter per shortcut: a concurrent run (pytest-xdist) asking for the same model waits here and
         # then finds the shortcut, instead of emitting the same Verilog beside the builder.
@@ -363,7 +423,7 @@ class VerilatorBackend(Backend):
 
     def _built(self, verilog_text: str, driver: str, defines: list[str], ext: int, lat: int) -> Path:
         """The executable of the model of `verilog_text`, built unless the cache holds it."""
-        digest = _digest(verilog_text, self.config.key(), driver, self.version, " ".join(VERILATOR_FLAGS + defines))
+        digest = _digest(verilog_text, self.config.key(), driver, self.version, " ".join(self.flags() + defines))
         final = self.build_root / digest
         exe = final / EXE
         if not exe.exists():
@@ -377,9 +437,14 @@ class VerilatorBackend(Backend):
         return exe
 
     def _build(self, final: Path, verilog_text: str, driver: str, defines: list[str], ext: int, lat: int):
+        what = f"the chip model for EXT={ext} LAT={lat}" + (" with assertions" if self.asserts else "")
         compile_model(self.tool, self.build_root, final, {"harness.v": verilog_text, "main.cpp": driver},
-                      TOP, PREFIX, EXE, defines, f"the chip model for EXT={ext} LAT={lat}", self.verbose)
+                      TOP, PREFIX, EXE, defines, what, self.verbose, flags=self.flags())
         self.builds += 1
+
+    def flags(self) -> list[str]:
+        """Verilator's options for this backend's models (`verilator_flags`)."""
+        return verilator_flags(self.asserts)
 
     def _objcache(self) -> str:
         return objcache_command(self.build_root)
@@ -397,7 +462,8 @@ class VerilatorBackend(Backend):
         scratchpad backdoor); on another chip it raises `BadInput`.
 
         A job that does not halt raises `DidNotHalt` naming it by index, or, with `return_errors`, leaves
-        the `DidNotHalt` exception in its place in the returned list.
+        the `DidNotHalt` exception in its place in the returned list; so does a job whose run failed an
+        assertion (a model with `asserts`), with `AssertionFailed`.
         """
         jobs = [tuple(j) for j in jobs]
         groups: dict[tuple[int, int], list[int]] = {}
@@ -432,12 +498,14 @@ class VerilatorBackend(Backend):
                 if res is None:
                     res = DidNotHalt(f"did not halt within {self.max_cycles} cycles"
                                      + (f" (job {n})" if len(jobs) > 1 else ""))
-                    if not return_errors:
-                        raise res
+                elif isinstance(res, AssertionFailed) and len(jobs) > 1:
+                    res = AssertionFailed(f"{res} (job {n})")
+                if isinstance(res, SimError) and not return_errors:
+                    raise res
                 results[n] = res
         return results
 
-    def _invoke(self, exe: Path, ext: int, batch) -> list[RunResult | None]:
+    def _invoke(self, exe: Path, ext: int, batch) -> list[RunResult | AssertionFailed | None]:
         buf = array("I", [MAGIC_JOBS, ext, self.max_cycles, len(batch)])
         for words, img, spad in batch:
             buf.append(len(words))
@@ -463,8 +531,12 @@ class VerilatorBackend(Backend):
         per = RESULT_HEAD + ext + self.config.spad_depth
         if len(out) != 2 + per * len(batch) or out[0] != MAGIC_RESULTS:
             raise SimError(f"the Verilator model {exe} wrote a malformed result file")
-        results: list[RunResult | None] = []
+        failed = assertion_failures(p.stdout) if self.asserts else {}
+        results: list[RunResult | AssertionFailed | None] = []
         for k in range(len(batch)):
+            if k in failed:
+                results.append(_assertion_error(*failed[k]))
+                continue
             r = out[2 + k * per: 2 + (k + 1) * per]
             self.last_run_seconds += (r[7] | (r[8] << 32)) * 1e-9
             error = ErrorStop(ErrorStop.KINDS[r[10]], r[11], r[12]) if r[9] else None

@@ -12,6 +12,10 @@
 // (GA2_GATHER models only: resident mode, docs/resident.md) the non-zero initial scratchpad words through
 // the backdoor ports (a fresh model starts with every memory at zero, as the book's testbench zeroes the
 // scratchpad), a one-edge start pulse, then edges until `halted` or max_cycles.
+// A model built with GA2_ASSERT (Verilator --assert: the design's immediate assertions are evaluated) does
+// not abort on a failed assertion: the job ends at that edge, and a line
+// "ga2sim: assertion failed: job J, edge N" (N = edges after the start pulse, 0 for the start edge, -1 for
+// the load) follows the model's own messages on stdout; the next job runs on a fresh model as usual.
 #include <chrono>
 #include <cstdint>
 #include <cstdio>
@@ -37,6 +41,23 @@ static inline void edge(Vga2* m) {
     m->eval();
     m->clk = 0;
     m->eval();
+}
+
+// True when an assertion failed since the last call (only a GA2_ASSERT model evaluates them): says so on
+// stdout, after the model's messages, and clears the context's error state for the next job.
+static bool asserted(VerilatedContext* ctx, uint32_t job, int64_t edge_no) {
+#ifdef GA2_ASSERT
+    if (!ctx->gotError()) return false;
+    std::fflush(stdout);
+    std::printf("\nga2sim: assertion failed: job %u, edge %lld\n", job, (long long)edge_no);
+    std::fflush(stdout);
+    ctx->gotError(false);
+    ctx->gotFinish(false);
+    return true;
+#else
+    (void)ctx, (void)job, (void)edge_no;
+    return false;
+#endif
 }
 
 static int fail(const char* what, const char* path) {
@@ -74,6 +95,9 @@ int main(int argc, char** argv) {
     out.push_back(njobs);
 
     auto ctx = std::make_unique<VerilatedContext>();
+#ifdef GA2_ASSERT
+    ctx->fatalOnError(false);    // a failed assertion sets gotError instead of exiting the process
+#endif
     size_t pos = 4;
     for (uint32_t j = 0; j < njobs; ++j) {
         if (pos >= words.size()) return fail("job file truncated", argv[1]);
@@ -133,13 +157,16 @@ int main(int argc, char** argv) {
 #endif
 
         auto t0 = std::chrono::steady_clock::now();
+        bool failed = asserted(ctx.get(), j, -1);
         m->start = 1;
-        edge(m.get());
+        if (!failed) edge(m.get());
         m->start = 0;
         uint64_t n = 0;
-        while (!m->halted && n < max_cycles) {
+        failed = failed || asserted(ctx.get(), j, 0);
+        while (!failed && !m->halted && n < max_cycles) {
             edge(m.get());
             ++n;
+            failed = asserted(ctx.get(), j, (int64_t)n);
         }
         auto t1 = std::chrono::steady_clock::now();
         const uint64_t ns = (uint64_t)std::chrono::duration_cast<std::chrono::nanoseconds>(t1 - t0).count();

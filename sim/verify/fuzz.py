@@ -16,8 +16,8 @@ import time
 from hdl.isa import describe, halt
 
 from sim.backends import MAX_CYCLES, Backend, RunResult, SimError, first_difference, get_backend
-from sim.cli import (Parser, UsageError, backend_options, board_options, chip_option, guarded, int_range,
-                     link_report, sim_option)
+from sim.cli import (Parser, UsageError, assert_option, backend_options, board_options, chip_option, guarded,
+                     int_range, link_report, sim_option)
 
 __all__ = ["fuzz", "locate", "run_batch", "CheckedBackend", "fuzz_task", "fuzz_on_cluster", "build_parser", "main"]
 
@@ -117,12 +117,13 @@ def mix_configs(ext: int | None = None, lat: int | None = None, configs=None) ->
 
 
 def reproduce_command(sim: str, seed: int, index: int, ext: int, lat: int, budget: int = MAX_CYCLES,
-                      chip=None) -> str:
-    """The command that runs program `index` of a run of `seed` alone: the same program on the same chip."""
+                      chip=None, asserts: bool = False) -> str:
+    """The command that runs program `index` of a run of `seed` alone: the same program on the same chip
+    (and the same model: with `asserts`, the one with the design's assertions)."""
     cmd = f"python -m sim.fuzz --sim {sim} --seed {seed} --first {index} --count 1 --ext {ext} --lat {lat}"
     if chip is not None and chip.spec() != "book":
         cmd += f" --chip {chip.spec()}"
-    return cmd + (f" --budget {budget}" if budget != MAX_CYCLES else "")
+    return cmd + (f" --budget {budget}" if budget != MAX_CYCLES else "") + (" --assert" if asserts else "")
 
 
 def fuzz(backend, reference, count: int, seed: int, ext: int | None = None, lat: int | None = None,
@@ -174,7 +175,8 @@ def fuzz(backend, reference, count: int, seed: int, ext: int | None = None, lat:
             where = (f"pc {pc} ({describe(c.program[pc])})" if pc is not None
                      else "pc unknown (only the full program differs)")
             print(f"FAIL program {c.index} (seed {seed}, EXT {c.ext}, LAT {c.lat}): first differing instruction "
-                  f"{where}; {diff}; reproduce: {reproduce_command(sim, seed, c.index, c.ext, c.lat, budget, config)}"
+                  f"{where}; {diff}; reproduce: "
+                  f"{reproduce_command(sim, seed, c.index, c.ext, c.lat, budget, config, getattr(backend, 'asserts', False))}"
                   + (f" --port {backend.port}" if sim == "board" else ""),
                   file=out, flush=True)
         if progress is not None:
@@ -222,8 +224,9 @@ MAX_COUNT = 1_000_000        # programs per run; in chunks of 100 with a progres
 TASK_PROGRAMS = 25           # programs per cluster task: a few seconds on Verilator across the mix
 
 
-def fuzz_task(sim: str, config, seed: int, first: int, count: int, ext, lat, budget: int) -> dict:
-    """One cluster task (`sim.cluster`): programs first .. first+count-1 of `seed`, as `fuzz` runs them.
+def fuzz_task(sim: str, config, seed: int, first: int, count: int, ext, lat, budget: int, options=None) -> dict:
+    """One cluster task (`sim.cluster`): programs first .. first+count-1 of `seed`, as `fuzz` runs them
+    (`options`: the backend's, `sim.cli.backend_options`; ``asserts`` for --assert).
 
     The backends are the worker's own (`sim.cluster.worker_backend`: a Verilator model is built once per
     node). Returns `fuzz`'s summary with ``lines``, the failure lines `fuzz` printed (the local run's
@@ -232,7 +235,7 @@ def fuzz_task(sim: str, config, seed: int, first: int, count: int, ext, lat, bud
     import io
 
     from sim.cluster import worker_backend
-    backend = worker_backend(sim, config)
+    backend = worker_backend(sim, config, **(options or {}))
     reference = worker_backend("reference", config, check=False)
     before = getattr(backend, "builds", 0)
     out = io.StringIO()
@@ -253,7 +256,7 @@ def fuzz_on_cluster(a) -> dict:
     s = {"count": a.count, "failures": 0, "failed": [], "cycles": 0, "reference_s": 0.0, "backend_s": 0.0,
          "configs": {}, "builds": 0}
     with Cluster(a.cluster, a.workers) as cluster:
-        tasks = [(a.sim, a.chip, a.seed, lo, n, a.ext, a.lat, a.budget) for lo, n in spans]
+        tasks = [(a.sim, a.chip, a.seed, lo, n, a.ext, a.lat, a.budget, backend_options(a)) for lo, n in spans]
         for part in cluster.map(fuzz_task, tasks, label=f"fuzz on {a.sim}"):
             sys.stdout.write(part["lines"])
             sys.stdout.flush()
@@ -274,10 +277,12 @@ def build_parser() -> Parser:
                "external word and the five counters; a failure names the first differing instruction and the "
                "command that reruns that program alone.\n\n" + MIX_HELP,
                "python -m sim.fuzz --sim verilator --count 200 --seed 7\n"
+               "python -m sim.fuzz --sim verilator --assert --chip fast --count 2000\n"
                "python -m sim.fuzz --sim amaranth --count 20 --ext 2048 --lat 8 --budget 20000")
     sim_option(p, "verilator", help="the simulator to check: amaranth, verilator or a board (--port; with "
                                     "the (EXT, LAT) pairs of the mix the board takes)")
     board_options(p)
+    assert_option(p)
     chip_option(p, help="the chip both simulators model (the programs are drawn for the book's limits)")
     p.add_argument("--count", type=int_range(1, MAX_COUNT), default=200, metavar="N",
                    help=f"programs to run, 1..{MAX_COUNT:,}")
@@ -327,7 +332,8 @@ def main(argv=None) -> int:
     chips = (f"EXT {pairs[0][0]}, LAT {pairs[0][1]}" if len(pairs) == 1 else
              f"{len(pairs)} (EXT, LAT) pairs: " + " ".join(f"{e}/{l}" for e, l in pairs))
     first = f", programs {a.first}..{a.first + a.count - 1}" if a.first else ""
-    print(f"{status}: {s['count'] - s['failures']}/{s['count']} programs identical on {a.sim} and reference "
+    on = f"{a.sim} with assertions" if a.asserts else a.sim
+    print(f"{status}: {s['count'] - s['failures']}/{s['count']} programs identical on {on} and reference "
           f"(seed {a.seed}{first}, {chips}; {s['cycles']:,} cycles; "
           f"{a.sim} {s['backend_s']:.1f} s, reference {s['reference_s']:.1f} s)")
     return 0 if s["failures"] == 0 else 1

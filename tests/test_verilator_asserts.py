@@ -1,0 +1,176 @@
+"""The design's properties evaluated in Verilator (issue 24 part 3): ``VerilatorBackend(asserts=True)``,
+``ga2 fuzz --assert`` and ``ga2 decode --assert``.
+
+* every `Assert` of the chip (`hdl.properties.History.check`) is an immediate ``assert`` in the Verilog the
+  model is built from, its message written right before it;
+* a design broken so that only an assertion can tell (a unit that raises its write enable a cycle after done,
+  when the port is no longer routed to it: the scratchpad is unchanged) fails with a one-line
+  `AssertionFailed` naming the property and the edge, computed from the reference's cycle count;
+* a fresh-seed fuzz slice with assertions on for the book's chip and for ``fast`` (one (EXT, LAT) pair each:
+  one model each, built once and cached apart from the model without assertions).
+"""
+import os
+import re
+from collections import Counter
+
+import pytest
+from amaranth.hdl import Signal
+
+from hdl.chip import CHIP_PROPERTIES, RESIDENT_CHIP_PROPERTIES
+from hdl.config import BOOK, PRESETS
+from hdl.isa import amax, halt, ld, st
+from hdl.properties import UNIT_PROPERTIES
+from hdl.units.amax import ArgmaxUnit
+from hdl.units.gather import ISOLATION_PROPERTIES
+from hdl.units.mm import MM_RQ_PROPERTIES
+from hdl.units.rq import RQ_PIPE_PROPERTIES
+from sim.backends import AssertionFailed
+from sim.backends.reference import ReferenceMachine
+from sim.verify.progen import RESIDENT_CI_CONFIGS
+
+try:
+    from sim.backends.verilator_backend import VerilatorBackend, _find_tool
+    _find_tool()
+    HAVE_VERILATOR = True
+except Exception:       # noqa: BLE001 - any reason the tool cannot run means: skip those tests
+    HAVE_VERILATOR = False
+
+needs_verilator = pytest.mark.skipif(not HAVE_VERILATOR, reason="Verilator is not installed")
+
+SLICE_COUNT = 30            # programs of each fuzz slice
+SLICE_BUDGET = 30_000       # cycles per program there
+# one (EXT, LAT) pair a chip: one model each (the book's is the CI campaign's first pair; fast's the resident one)
+SLICE_CONFIGS = {"book": ((2048, 8),), "fast": RESIDENT_CI_CONFIGS}
+
+# "if (!cond) $write("<message>"); assert (cond);" as Amaranth's Verilog has every Assert
+_ASSERTED = re.compile(r'if \(!(\S+) \)\s*\$write\("([^"]*)"\);\s*assert \((\S+) \);')
+
+
+def asserted_messages(verilog: str) -> Counter:
+    """The messages of the immediate assertions in `verilog`, each counted once per assertion; a message
+    whose guard is not the asserted condition is not counted."""
+    return Counter(msg for guard, msg, cond in _ASSERTED.findall(verilog) if guard == cond)
+
+
+def property_names(messages) -> set:
+    """``scope.name`` of each message ``"scope.name: statement"``."""
+    return {m.split(": ", 1)[0] for m in messages}
+
+
+def chip_property_names(cfg) -> set:
+    """Every property a chip of `cfg` carries, by the scope its block gives it (hdl/units' ``_check``)."""
+    units = {"ld": {}, "st": {}, "sm": {}, "amax": {}, "unpack": {}}
+    if cfg.mm_rq and cfg.rq_pipe:
+        units["mm_rq_pipe"] = {**MM_RQ_PROPERTIES, **RQ_PIPE_PROPERTIES}
+    else:
+        assert not (cfg.mm_rq or cfg.mm_pack or cfg.mm_overlap or cfg.rq_pipe), "a chip this test does not list"
+        units["mm"] = {}
+    units["rq_pipe" if cfg.rq_pipe else "rq"] = RQ_PIPE_PROPERTIES if cfg.rq_pipe else {}
+    units["vadd_ports" if cfg.vadd_ports == 2 else "vadd"] = {}
+    chip = dict(CHIP_PROPERTIES)
+    if cfg.gather:
+        units["gather"] = units["scatter"] = ISOLATION_PROPERTIES
+        chip.update(RESIDENT_CHIP_PROPERTIES)
+    names = {f"chip.{p}" for p in chip}
+    for scope, extra in units.items():
+        names |= {f"{scope}.{p}" for p in {**UNIT_PROPERTIES, **extra}}
+    return names
+
+
+def test_every_assert_of_the_chip_is_an_immediate_assertion_in_its_verilog(monkeypatch):
+    """The harness emitted as the Verilator backend emits it: one ``assert`` per `History.check` call."""
+    from amaranth.back import verilog
+
+    import hdl.properties
+    from hdl.harness import ChipHarness
+    made = Counter()
+    check = hdl.properties.History.check
+
+    def counted(self, name, holds, text, *args, **kwargs):
+        made[f"{self.scope}.{name}: {text}"] += 1
+        return check(self, name, holds, text, *args, **kwargs)
+
+    monkeypatch.setattr(hdl.properties.History, "check", counted)
+    text = verilog.convert(ChipHarness(ext_words=64, lat=3), name="ga2_harness", emit_src=False)
+    assert made and asserted_messages(text) == made
+    assert property_names(made) == chip_property_names(BOOK)
+
+
+class LateAmax(ArgmaxUnit):
+    """Raises its write enable once more in the cycle after done, when it no longer owns the port: the
+    ownership decoder drops the write (nothing changes), only the chip's owner_writes Assert sees it."""
+    def elaborate(self, platform):
+        m = super().elaborate(platform)
+        late = Signal()
+        m.d.sync += late.eq(self.done)
+        with m.If(late):
+            m.d.comb += self.spad.we.eq(1)
+        return m
+
+
+@needs_verilator
+@pytest.mark.timeout(900)
+def test_a_failed_assertion_names_the_property_and_the_edge(monkeypatch, tmp_path):
+    import hdl.chip
+    from hdl.harness import ChipHarness
+    monkeypatch.setattr(hdl.chip, "ArgmaxUnit", LateAmax)
+    be = VerilatorBackend(build_dir=tmp_path, design=lambda ext, lat: ChipHarness(ext_words=ext, lat=lat),
+                          asserts=True)
+    lat = 3
+    image = [3, 9, 2, 7, 1, 0, 5, 4] + [0] * 56
+    program = [ld(0, 0, 8).word, amax(100, 0, 8).word, st(100, 50, 1).word, halt().word]
+    got = be.run_many([(program, image, lat), ([halt().word], image, lat), (program[1:], image, lat)],
+                      return_errors=True)
+    ref = ReferenceMachine()
+    # AMAX's done is in the last WAIT cycle of the prefix before the ST; its late write one cycle later.
+    # Cycle c of the run ends at edge c after the start pulse (cycle 1 is the first FETCH).
+    for job, (prefix, result) in enumerate(((program[:2], got[0]), (program[1:2], got[2])), ):
+        edge = ref.run(prefix + [halt().word], image, lat).cycles - 2 + 1       # HALT's two cycles off
+        assert isinstance(result, AssertionFailed), result
+        msg = str(result)
+        assert msg == (f"assertion chip.owner_writes failed at edge {edge} after the start pulse: "
+                       f"{CHIP_PROPERTIES['owner_writes']} (job {2 * job})"), msg
+    # the job between them runs on a fresh model, unharmed
+    assert got[1].counters == ref.run([halt().word], image, lat).counters
+    with pytest.raises(AssertionFailed) as e:
+        be.run(program, image, lat)
+    assert "\n" not in str(e.value) and str(e.value).startswith("assertion chip.owner_writes failed at edge ")
+    # the model was built with Verilator's --assert, and the driver told to report
+    log = (be.model(64, lat).parent / "build.log").read_text().splitlines()[0]
+    assert " --assert " in log and "--noassert" not in log and "-DGA2_ASSERT=1" in log
+
+
+@needs_verilator
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("chip", ["book", "fast"])
+def test_fuzz_slice_with_assertions(chip):
+    """A fresh seed every run (GA2_SEED=S repeats one): SLICE_COUNT programs of the mix with every Assert
+    evaluated, equal to the reference; the model's Verilog asserts every property of the chip."""
+    import io
+
+    from sim.verify.fuzz import fuzz
+    cfg = PRESETS[chip]
+    env = os.environ.get("GA2_SEED")
+    seed = int(env) if env else int.from_bytes(os.urandom(4), "little")
+    print(f"fuzz seed: {seed} (rerun with GA2_SEED={seed})")
+    be = VerilatorBackend(config=cfg, asserts=True)
+    out = io.StringIO()
+    s = fuzz(be, ReferenceMachine(check=False, config=cfg), SLICE_COUNT, seed, configs=SLICE_CONFIGS[chip],
+             out=out, budget=SLICE_BUDGET)
+    assert s["failures"] == 0, (f"seed {seed} (GA2_SEED={seed} repeats this run): {s['failures']} of "
+                                f"{SLICE_COUNT} programs differ:\n{out.getvalue()}")
+    (ext, lat), = SLICE_CONFIGS[chip]
+    model = be.model(ext, lat).parent
+    assert property_names(asserted_messages((model / "harness.v").read_text())) == chip_property_names(cfg)
+    assert " --assert " in (model / "build.log").read_text().splitlines()[0]
+
+
+def test_assert_needs_the_verilator_simulator(capsys):
+    from sim.cli import guarded
+    from sim.verify.fuzz import main as fuzz_main
+    from sim.decode import main as decode_main
+    for main, sim in ((fuzz_main, "amaranth"), (decode_main, "reference")):
+        assert guarded(main, ["--assert", "--sim", sim]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"error: --assert builds the Verilator model with the design's assertions: it needs "
+                              f"--sim verilator, not --sim {sim}") and err.count("\n") == 1
