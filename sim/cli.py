@@ -23,7 +23,7 @@ import time
 __all__ = ["write_png", "UsageError", "user_errors", "guarded", "Parser", "int_range", "window", "sim_option", "chip",
            "chip_option", "positive_seconds", "board_options", "assert_option", "backend_options", "link_report",
            "output_file", "output_dir", "make_dir", "write_text", "write_json", "Progress",
-           "PROGRESS_ENV", "progress_interval"]
+           "PROGRESS_ENV", "progress_interval", "CommandError"]
 
 PROGRESS_ENV = "GA2_PROGRESS_SECONDS"   # seconds between plain progress lines when not on a terminal
 _DEFAULT_INTERVAL = 10.0
@@ -36,11 +36,18 @@ class UsageError(ValueError):
     """Bad command-line input (the message names the option and the value)."""
 
 
+class CommandError(RuntimeError):
+    """A run that failed for a reason its message states, not a bug: the base of the error types of the
+    modules above this one (e.g. `sim.cluster.ClusterError`), so that `guarded` catches them without
+    importing those modules (which import this one)."""
+
+
 def user_errors() -> tuple[type[BaseException], ...]:
     """The exception types that describe a user's mistake or a failed run, not a bug.
 
     Explicit imports on purpose: a renamed or moved exception fails here, loudly (and in
-    tests/test_cli.py), instead of silently turning back into a traceback.
+    tests/test_cli.py), instead of silently turning back into a traceback. A module that imports this one
+    derives its error type from `CommandError` instead (tests/test_cli.py checks those too).
     """
     from compiler.graph import CompileError
     from hdl.config import ChipSpecError
@@ -51,10 +58,9 @@ def user_errors() -> tuple[type[BaseException], ...]:
     from host.window import WindowError
     from sim.backends import SimError
     from sim.backends.board_backend import BoardError
-    from sim.cluster import ClusterError
     from sim.formats.hexfile import HexFileError
     return (UsageError, ChipSpecError, IsaError, SimError, CompileError, OutOfPages, PageTableError, HostError,
-            WindowError, HexFileError, ClusterError, EngineError, BoardError, OSError)
+            WindowError, HexFileError, CommandError, EngineError, BoardError, OSError)
 
 
 def _message(e: BaseException) -> str:

@@ -2,6 +2,7 @@
 
     python -m sim.decode --window 4                   # 32 steps, window of 4 tokens
     python -m sim.decode --window none --sim verilator --json out/none.json
+    python -m sim.decode --prompt 3,1,4 --steps 8 --window 4 --sim reference   # one request of sim.serve alone
 
 The host calibrates the quantizer over the same number of steps from all 16 start tokens (with the same
 window), compiles one program per context size min(L, W), gathers the windowed cache rows through the page
@@ -16,6 +17,7 @@ import time
 from sim.backends import MAX_LAT
 from sim.cli import (Parser, Progress, UsageError, assert_option, backend_options, board_options, chip_option, guarded,
                      int_range, link_report, output_file, sim_option, window, write_json)
+from sim.options import temperature, token_list
 
 from host.paged import MAX_CONTEXT, check_decode, max_context     # the context limit and the pool's need, once
 DEFAULT_SIM = "amaranth"
@@ -45,7 +47,6 @@ def build_parser() -> Parser:
                    help=f"decode steps, i.e. tokens generated, 1..{MAX_STEPS}; without a window at most "
                         f"the chip's matrix K ({MAX_CONTEXT} on the book's chip)")
     p.add_argument("--start", type=int_range(0, 15), default=0, metavar="T", help="start token 0..15")
-    from sim.serve import token_list
     p.add_argument("--prompt", type=token_list, default=None, metavar="T1,T2,...",
                    help="feed these tokens first, then generate --steps tokens (instead of --start): one request "
                         "of sim.serve alone, with the serving engine's calibration (host.batch); JSON "
@@ -54,7 +55,6 @@ def build_parser() -> Parser:
                    help="with --prompt and a window: also attend the first S rows (attention sinks)")
     p.add_argument("--stop", type=token_list, default=None, metavar="T1,T2,...",
                    help="with --prompt: stop at the first of these tokens generated (it is the last one)")
-    from sim.serve import temperature
     p.add_argument("--temperature", type=temperature, default=0.0, metavar="T",
                    help="with --prompt: draw each token from the integer logits at temperature T (host.sampling; "
                         "0: the chip's argmax)")
@@ -103,7 +103,6 @@ def check_args(a) -> None:
     if getattr(a, "prompt", None) is not None:
         if getattr(a, "trace", None):
             raise UsageError("--trace with --prompt is not there yet (the timeline covers the plain decode)")
-        from sim.serve import check_prompt_args
         return check_prompt_args(a)
     if getattr(a, "sinks", 0):
         raise UsageError(f"--sinks {a.sinks} needs --prompt (the serving engine's decode)")
@@ -266,11 +265,63 @@ def run_decode(a, out=None):
     return result
 
 
+# ---- sim.decode --prompt: one request alone ----------------------------------------------------------
+
+def check_prompt_args(a) -> None:
+    """`sim.decode`'s checks when ``--prompt`` is given (the context limit of every row)."""
+    from host.window import sink_context
+    if getattr(a, "mode", "book") != "book":
+        raise UsageError("--prompt runs in --mode book only for now")
+    if a.sinks and a.window is None:
+        raise UsageError(f"--sinks {a.sinks} needs a window (--window N)")
+    rows = len(a.prompt) + a.steps - 1
+    ctx = max(sink_context(L, a.window, a.sinks) for L in range(1, rows + 1))
+    if ctx > a.chip.mm_max_k:
+        raise UsageError(f"--prompt of {len(a.prompt)} tokens and --steps {a.steps} need a context of {ctx} "
+                         f"tokens; the chip attends at most {a.chip.mm_max_k}: use a window")
+
+
+def run_prompt_decode(a, out=None) -> dict:
+    """`sim.decode --prompt`: the request alone, with the engine's calibration (`host.engine.decode_alone`)."""
+    out = out or sys.stdout
+    from host import tiny_lm as T
+    from host.engine import decode_alone
+    from sim.backends import get_backend
+    seed = a.seed if a.seed is not None else (1 if a.model == "structured" else 2)
+    cfg = a.chip
+    lat = cfg.lat if a.lat is None else a.lat
+    m = T.make_model(a.model, seed)
+    t0 = time.perf_counter()
+    backend = get_backend(a.sim, config=cfg, **backend_options(a))
+    toks, logits, recs = decode_alone(m, a.prompt, a.steps, backend, a.window, a.sinks, lat, cfg,
+                                      stop=getattr(a, "stop", None) or (), temperature=getattr(a, "temperature", 0.0),
+                                      top_k=getattr(a, "top_k", 0), seed=getattr(a, "sample_seed", 0),
+                                      sample=getattr(a, "sample", 0))
+    w = "none" if a.window is None else str(a.window)
+    print(f"GA-2 decode of a prompt alone: {a.model} model (seed {seed}), prompt {','.join(map(str, a.prompt))}, "
+          f"{a.steps} tokens generated, window {w}, sinks {a.sinks}, simulator {a.sim}, chip {cfg.spec()} "
+          f"(the serving engine's calibration: host.batch)", file=out)
+    print(f"tokens: {' '.join(map(str, a.prompt))} | {' '.join(map(str, toks))}", file=out)
+    total = sum(r["counters"][0] for r in recs)
+    if not a.quiet:
+        print(f"\n{'row':>5} {'ctx':>4} {'tok':>4} {'total':>8}", file=out)
+        for r in recs:
+            # a prompt row before the last computes only its cache row: no attention, no token
+            ctx, tok = ("kv", "-") if r["tok"] is None else (r["ctx"], r["tok"])
+            print(f"{r['L']:5d} {ctx:>4} {tok:>4} {r['counters'][0]:8d}", file=out)
+    print(f"total cycles {total} over {len(recs)} rows ({time.perf_counter() - t0:.1f} s)", file=out)
+    link_report(backend, out)
+    return {"prompt": list(a.prompt), "steps": a.steps, "window": a.window, "sinks": a.sinks, "model": a.model,
+            "seed": seed, "sim": a.sim, "chip": cfg.spec(), "lat": lat,
+            "tokens": list(a.prompt) + toks, "logits_int": logits, "calibration": "universal",
+            "records": [{"L": r["L"], "ctx": r["ctx"], "tok": r["tok"], "counters": r["counters"]} for r in recs],
+            "cycles_total": total}
+
+
 def main(argv=None) -> int:
     a = build_parser().parse_args(argv)
     check_args(a)
     if getattr(a, "prompt", None) is not None:
-        from sim.serve import run_prompt_decode
         result = run_prompt_decode(a)
     else:
         result = run_decode(a)
