@@ -32,6 +32,38 @@ TABLE_HELP = ("columns: step = L, the tokens in the cache after the step; ctx = 
               "units were busy (one unit at a time: total = mm + dma + vec + 2 per instruction for fetch and issue + 2 for the HALT); instr = instructions executed")
 
 
+def decode_options(p) -> None:
+    """Add the options that say which tokens the decode makes: ``--window``, ``--steps``, ``--start`` (this
+    command's and ``ga2 profile``'s)."""
+    p.add_argument("--window", type=window, default=None, metavar="{none|N}",
+                   help="attend the new token and at most N-1 previous ones (default: none, full context)")
+    p.add_argument("--steps", type=int_range(1, MAX_STEPS), default=32, metavar="N",
+                   help=f"decode steps, i.e. tokens generated, 1..{MAX_STEPS}; without a window at most "
+                        f"the chip's matrix K ({MAX_CONTEXT} on the book's chip)")
+    p.add_argument("--start", type=int_range(0, 15), default=0, metavar="T", help="start token 0..15")
+
+
+def host_options(p) -> None:
+    """Add the options of the host's page pool and model: ``--page``, ``--pages``, ``--model``, ``--seed``."""
+    p.add_argument("--page", type=int_range(1, None), default=4, metavar="P", help="cache rows per page")
+    p.add_argument("--pages", type=int_range(1, None), default=64, metavar="N", help="pages in the pool")
+    p.add_argument("--model", choices=("structured", "random"), default="structured",
+                   help="structured: follows f(t) = 5t+3 mod 16 by design; random: random weights")
+    p.add_argument("--seed", type=int, default=None, metavar="S",
+                   help="model seed (default 1 for structured, 2 for random)")
+
+
+def mode_options(p) -> None:
+    """Add ``--mode book|resident`` and ``--lat``."""
+    p.add_argument("--mode", choices=("book", "resident"), default="book",
+                   help="book: the host writes the whole image every step (the book's chip); resident: the "
+                        "weights and the KV cache stay on the chip and the host writes only the token's row "
+                        "and the block table (docs/resident.md; needs a chip with gather=1, e.g. --chip fast)")
+    p.add_argument("--lat", type=int_range(1, MAX_LAT), default=None, metavar="N",
+                   help=f"external memory read latency in cycles, 1..{MAX_LAT} (default: the chip's lat, 8 on "
+                        f"the book's chip)")
+
+
 def build_parser() -> Parser:
     p = Parser(
         "python -m sim.decode",
@@ -41,12 +73,7 @@ def build_parser() -> Parser:
         "python -m sim.decode --window 4\n"
         "python -m sim.decode --window 4 --steps 32 --sim reference --json out/w4.json --check\n"
         "python -m sim.decode --window 4 --chip array=8 --sim reference")
-    p.add_argument("--window", type=window, default=None, metavar="{none|N}",
-                   help="attend the new token and at most N-1 previous ones (default: none, full context)")
-    p.add_argument("--steps", type=int_range(1, MAX_STEPS), default=32, metavar="N",
-                   help=f"decode steps, i.e. tokens generated, 1..{MAX_STEPS}; without a window at most "
-                        f"the chip's matrix K ({MAX_CONTEXT} on the book's chip)")
-    p.add_argument("--start", type=int_range(0, 15), default=0, metavar="T", help="start token 0..15")
+    decode_options(p)
     p.add_argument("--prompt", type=token_list, default=None, metavar="T1,T2,...",
                    help="feed these tokens first, then generate --steps tokens (instead of --start): one request "
                         "of sim.serve alone, with the serving engine's calibration (host.batch); JSON "
@@ -62,25 +89,14 @@ def build_parser() -> Parser:
     p.add_argument("--sample-seed", type=int, default=0, metavar="S", help="with --temperature: the request's seed")
     p.add_argument("--sample", type=int_range(0, 15), default=0, metavar="J",
                    help="with --temperature: which sample of the request (sim.serve --n) to draw")
-    p.add_argument("--page", type=int_range(1, None), default=4, metavar="P", help="cache rows per page")
-    p.add_argument("--pages", type=int_range(1, None), default=64, metavar="N", help="pages in the pool")
-    p.add_argument("--model", choices=("structured", "random"), default="structured",
-                   help="structured: follows f(t) = 5t+3 mod 16 by design; random: random weights")
-    p.add_argument("--seed", type=int, default=None, metavar="S",
-                   help="model seed (default 1 for structured, 2 for random)")
+    host_options(p)
     sim_option(p, DEFAULT_SIM, help="which simulator runs the chip: the instruction-level reference machine, "
                                     "Amaranth's simulator (~40 s for 32 steps), the emitted Verilog in Verilator, "
                                     "or a board on a serial port (--port; ga2 board-sim simulates one)")
     board_options(p)
     assert_option(p)
     chip_option(p, help="the chip the programs are compiled for and the simulator runs")
-    p.add_argument("--mode", choices=("book", "resident"), default="book",
-                   help="book: the host writes the whole image every step (the book's chip); resident: the "
-                        "weights and the KV cache stay on the chip and the host writes only the token's row "
-                        "and the block table (docs/resident.md; needs a chip with gather=1, e.g. --chip fast)")
-    p.add_argument("--lat", type=int_range(1, MAX_LAT), default=None, metavar="N",
-                   help=f"external memory read latency in cycles, 1..{MAX_LAT} (default: the chip's lat, 8 on "
-                        f"the book's chip)")
+    mode_options(p)
     p.add_argument("--json", type=output_file, default=None, metavar="PATH",
                    help="also write the run as JSON to PATH")
     p.add_argument("--trace", type=output_file, default=None, metavar="FILE.json",
@@ -108,6 +124,13 @@ def check_args(a) -> None:
         raise UsageError(f"--sinks {a.sinks} needs --prompt (the serving engine's decode)")
     if getattr(a, "stop", None) or getattr(a, "temperature", 0):
         raise UsageError("--stop and --temperature need --prompt (the serving engine's decode)")
+    check_decode_args(a)
+    if a.vcd and a.sim != "amaranth":
+        raise UsageError(f"--vcd needs --sim amaranth (the waveform comes from Amaranth's simulator), got --sim {a.sim}")
+
+
+def check_decode_args(a) -> None:
+    """The checks of the options of `decode_options`, `host_options`, `mode_options` and ``--chip`` together."""
     # the context limit, the pool's bounds and the pages this decode needs: refused before any simulation
     check_decode(a.steps, a.window, a.page, a.pages, config=a.chip)
     if getattr(a, "mode", "book") == "resident":
@@ -117,8 +140,6 @@ def check_args(a) -> None:
         from compiler.resident import plan_layout
         from host.tiny_lm import build_graph, make_model
         plan_layout(build_graph(make_model(), 1), a.chip, a.page, a.pages)      # the pools fit, or say why
-    if a.vcd and a.sim != "amaranth":
-        raise UsageError(f"--vcd needs --sim amaranth (the waveform comes from Amaranth's simulator), got --sim {a.sim}")
 
 
 class _Counted:
@@ -139,11 +160,36 @@ class _Counted:
         return r
 
 
+def make_decoder(a, backend):
+    """The host decoder of parsed options `a` (`decode_options`, `host_options`, `mode_options`, ``--chip``)
+    on `backend`, calibrated and ready to ``generate``: ``(decoder, model)``."""
+    from host import tiny_lm as T
+    from host.paged import PagedChip
+    seed = a.seed if a.seed is not None else (1 if a.model == "structured" else 2)
+    lat = a.chip.lat if a.lat is None else a.lat
+    m = T.make_model(a.model, seed)
+    kw = dict(page=a.page, n_pages=a.pages, backend=backend, lat=lat, config=a.chip)
+    if getattr(a, "mode", "book") == "resident":
+        from host.resident import ResidentChip
+        return ResidentChip(m, a.steps, a.window, **kw), m
+    return PagedChip(m, a.steps, a.window, **kw), m
+
+
+def run_labels(n_runs: int, recs) -> list:
+    """Names of a decode's runs on a timeline: one per step record of `recs`, after ``load (weights)`` when
+    there is one run more (resident mode's load program); ``run i`` when the runs do not match the steps."""
+    steps = [f"step L={r['L']} ctx={r['ctx']} tok={int(r['tok'])}" for r in recs]
+    if n_runs == len(recs):
+        return steps
+    if n_runs == len(recs) + 1:
+        return ["load (weights)"] + steps
+    return [f"run {i}" for i in range(n_runs)]
+
+
 def run_decode(a, out=None):
     """Run the decode described by parsed arguments `a`; returns the JSON-ready result dict."""
     out = out or sys.stdout             # looked up now, not at import: a caller may have redirected it
     from host import tiny_lm as T
-    from host.paged import PagedChip
     from sim.backends import get_backend
 
     seed = a.seed if a.seed is not None else (1 if a.model == "structured" else 2)
@@ -161,16 +207,9 @@ def run_decode(a, out=None):
     if getattr(a, "trace", None):
         from sim.timeline import TracingBackend
         backend = tracer = TracingBackend(backend, cfg)
-    m = T.make_model(a.model, seed)
     t0 = time.perf_counter()
     mode = getattr(a, "mode", "book")
-    if mode == "resident":
-        from host.resident import ResidentChip
-        chip = ResidentChip(m, a.steps, a.window, page=a.page, n_pages=a.pages, backend=backend, lat=lat,
-                            config=cfg)
-    else:
-        chip = PagedChip(m, a.steps, a.window, page=a.page, n_pages=a.pages, backend=backend, lat=lat,
-                         config=cfg)
+    chip, m = make_decoder(a, backend)
     t_cal = time.perf_counter() - t0
     t1 = time.perf_counter()
     with Progress(f"decoding on {a.sim}") as bar:
@@ -248,13 +287,7 @@ def run_decode(a, out=None):
     if tracer is not None:
         from sim.timeline import build_events, check_against_counters, trace_document
         runs = tracer.runs
-        labels = [f"run {i}" for i in range(len(runs))]
-        steps = [f"step L={r['L']} ctx={r['ctx']} tok={int(r['tok'])}" for r in recs]
-        if len(runs) == len(recs):
-            labels = steps
-        elif len(runs) == len(recs) + 1:
-            labels = ["load (weights)"] + steps
-        events = build_events(cfg, runs, labels)
+        events = build_events(cfg, runs, run_labels(len(runs), recs))
         check_against_counters(events, [c for _, _, c in runs])
         result["_trace_document"] = trace_document(cfg, events, f"ga2 decode, {len(runs)} runs, mode {mode}")
     if hasattr(board, "link_summary"):
