@@ -260,23 +260,9 @@ def main(argv=None, out=None) -> int:
 def _trace_document(a, tracer, e) -> dict:
     """`--trace`: the chip's runs (the load program, then each step's page copies and programs) and the
     engine's process, both checked (tracks against counters, request slices in order) before written."""
-    from sim.timeline import (build_events, check_against_counters, check_request_tracks, engine_events,
-                              trace_document)
-    labels = [f"run {i}" for i in range(len(tracer.runs))]
-    if e.tl_steps and e.tl_steps[0]["runs"][0] == 1 and a.mode == "resident":
-        labels[0] = "load (weights)"
-    for st in e.tl_steps:
-        i0, i1 = st["runs"]
-        n = len(st["programs"])
-        for j in range(i0, i1):
-            k = j - (i1 - n)
-            labels[j] = f"step {st['step']} program {k}" if k >= 0 else f"step {st['step']} page copy"
-    events = build_events(a.chip, tracer.runs, labels)
-    check_against_counters(events, [c for _, _, c in tracer.runs])
-    events += engine_events(e.tl_steps, e.tl_life)
-    check_request_tracks(events)
-    return trace_document(a.chip, events, f"ga2 serve, {a.requests} requests, {len(e.tl_steps)} engine steps, "
-                                          f"{len(tracer.runs)} chip runs, mode {a.mode}")
+    from sim.timeline import serve_trace_document
+    return serve_trace_document(a.chip, tracer.runs, e, a.mode, f"ga2 serve, {a.requests} requests, "
+                                f"{len(e.tl_steps)} engine steps, {len(tracer.runs)} chip runs, mode {a.mode}")
 
 
 def cfg_lat(a) -> int:
