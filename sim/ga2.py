@@ -30,6 +30,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "formal": ("sim.verify.formal", "formal properties of the chip's blocks (SymbiYosys)"),
     "serve": ("sim.serve", "serve a trace of requests: continuous batching, prefix cache, preemption, replays"),
     "board-sim": ("sim.board.boardsim", "a GA-2 board in simulation behind a pseudo-terminal, for --sim board --port"),
+    "profile": ("sim.profile", "where every cycle of a decode or a served trace goes: classes, ideals, roofline"),
     "sweep": ("sim.sweep", "the decode on a grid of chip configurations: cycles (and ECP5 size), integers checked"),
 }
 

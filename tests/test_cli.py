@@ -118,6 +118,7 @@ def _bad_values(tmp_path):
         "formal": ["--no-such-value-test", "x"],
         "sweep": ["--out", str(tmp_path / "s"), "--configs", "array=3"],
         "serve": ["--max-batch", "0"],
+        "profile": ["--steps", "many"],
         "board-sim": ["--faults", "flip:2"],
     }
 
@@ -135,7 +136,7 @@ def test_unknown_option_and_bad_value_are_one_line(name, tmp_path, capsys):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a_file", "g.hex"]      # nothing written
 
 
-CHIP_COMMANDS = ("decode", "replay", "fuzz", "bench", "verilog", "synth", "fpga")
+CHIP_COMMANDS = ("decode", "replay", "fuzz", "bench", "verilog", "synth", "fpga", "profile")
 
 
 @pytest.mark.parametrize("name", CHIP_COMMANDS)
