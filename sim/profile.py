@@ -17,6 +17,7 @@ import sys
 
 from sim import cli
 from sim.cli import Parser, UsageError, chip_option, guarded, output_file, write_json
+from sim.perf.breakdown import ProfileMismatch
 
 __all__ = ["build_parser", "profile_decode", "profile_serve", "main"]
 
@@ -118,7 +119,7 @@ def profile_decode(a) -> dict:
     runs = tracer.runs
     first = len(runs) - len(recs)
     if first not in (0, 1) or [c for _, _, c in runs[first:]] != [list(map(int, r["counters"])) for r in recs]:
-        raise UsageError(f"the decode's {len(recs)} steps do not match the {len(runs)} runs traced")
+        raise ProfileMismatch(f"the decode's {len(recs)} steps do not match the {len(runs)} runs traced")
     labels = run_labels(len(runs), recs)
     steps = [{"L": r["L"], "ctx": r["ctx"], "tok": int(r["tok"])} for r in recs]
     w = "none" if a.window is None else a.window
@@ -148,7 +149,7 @@ def profile_serve(a) -> dict:
     runs = tracer.runs
     first = e.tl_steps[0]["runs"][0] if e.tl_steps else len(runs)
     if sum(int(c[0]) for _, _, c in runs[first:]) != res["total_cycles"]:
-        raise UsageError(f"the traced runs do not add up to the engine's {res['total_cycles']:,} cycles")
+        raise ProfileMismatch(f"the traced runs do not add up to the engine's {res['total_cycles']:,} cycles")
     w = "none" if a.window is None else a.window
     what = (f"served trace, {a.requests} requests (seed {a.seed}), max batch {a.max_batch}, window {w}, "
             f"prefill {a.prefill}, mode {a.mode}")

@@ -15,6 +15,11 @@ unit it issued to, so there is no cycle outside these), so summed over the runs
 
 Each class's ideal is the sum of `hdl.isa.ideal_cycles` over its instructions (0 for fetch/issue: a chip could
 overlap them with the previous instruction's work); the gap is busy - ideal, and its share is of cyc_total.
+
+The runs are normal ends (a decode's and a served trace's are: the host raises at an error stop). A run that
+ended in a GATHER/SCATTER error stop is not one: its failing instruction moved fewer words than its fields say
+and the instruction after it acted as a HALT whatever its word, so its classes and ideals would not mean what
+they say (the ideal may then pass the busy cycles, which `breakdown` refuses).
 """
 from __future__ import annotations
 
