@@ -89,8 +89,10 @@ class Program:
     config: ChipConfig = BOOK
 
     def cycles(self, lat: int = 8) -> list:
-        """Per instruction, fetch/issue plus busy cycles of the cycle model (HALT: 2)."""
-        return [2 + isa.busy_cycles(w, lat, self.config) for w in self.code]
+        """Per instruction, the sequencer's fetch/issue cycles (`hdl.isa.seq_cycles`: 2 on the book's chip,
+        0 after the first instruction on a prefetch chip) plus the busy cycles of the cycle model."""
+        return [isa.seq_cycles(i, self.config) + isa.busy_cycles(w, lat, self.config)
+                for i, w in enumerate(self.code)]
 
     def counters(self, lat: int = 8) -> list:
         """The five counters ``[total, mm, dma, vec, instructions]`` the cycle model predicts."""

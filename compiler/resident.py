@@ -223,7 +223,7 @@ class LoadProgram:
     weights: dict
 
     def counters(self, lat: int, config: ChipConfig) -> list:
-        cyc = [2 + isa.busy_cycles(w, lat, config) for w in self.code]
+        cyc = [isa.seq_cycles(i, config) + isa.busy_cycles(w, lat, config) for i, w in enumerate(self.code)]
         out = [sum(cyc), 0, 0, 0, len(self.code) - 1]
         for w in self.code[:-1]:
             out[isa.COUNTER_INDEX[isa.COUNTER_OF[isa.operands(w)["op"]]]] += isa.busy_cycles(w, lat, config)

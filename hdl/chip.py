@@ -13,6 +13,11 @@ exists: opcodes 9 and 10 are illegal and the design is the book's.
 A chip with ``config.mm_rq`` decodes RQC (opcode 11, docs/fused-rq.md) here: at its E0 the MM unit's
 ``rqc`` input loads the unit's requantizer registers, and its one WAIT cycle ends at once (done in W1,
 counted as mm); no unit is started and the scratchpad has no owner. Without it opcode 11 is illegal.
+
+A chip with ``config.prefetch`` (docs/prefetch.md) reads the next word of the program into ``nxt`` while
+the current instruction works and issues it in the current one's done cycle (a cycle in which every unit
+is idle), so an instruction after another costs its B WAIT cycles only; FETCH and ISSUE remain for the
+run's first instruction and for the HALT of an error stop. On the book's chip the sequencer is spec 2.2's.
 """
 
 from amaranth.hdl import Module, Mux, Signal
@@ -35,7 +40,7 @@ from .units.unpack import UnpackUnit
 from .units.vadd import VaddUnit
 
 __all__ = ["GA2", "SeqState", "PortOwner", "CUR_NONE", "CHIP_PROPERTIES", "RESIDENT_CHIP_PROPERTIES",
-           "ILLEGAL_COUNTER"]
+           "PREFETCH_CHIP_PROPERTIES", "ILLEGAL_COUNTER"]
 
 CUR_NONE = 15       # `cur` when no unit owns the scratchpad
 # The counter of a WAIT cycle whose `cur` names no unit of this chip (an illegal opcode, spec 2.2); every
@@ -55,6 +60,16 @@ CHIP_PROPERTIES = {
 # The properties only a chip with gather=1 has (docs/resident.md), as CHIP_PROPERTIES.
 RESIDENT_CHIP_PROPERTIES = {
     "halt_quiet": "in HALT (an error stop's included) no unit is busy: nothing moves after the chip stops",
+}
+
+# The properties of a chip with prefetch=1 (docs/prefetch.md), as CHIP_PROPERTIES: issue_quiet is its own,
+# counters replaces the book's statement (only the run's first instruction and an error stop's HALT are
+# fetched and issued in cycles of their own).
+PREFETCH_CHIP_PROPERTIES = {
+    "counters": "outside IDLE, total = 2*error + mm + dma + vec + (0 FETCH, 1 ISSUE, 2 WAIT/HALT) mod "
+                "2^counter_bits (error: 0 on a chip without gather)",
+    "issue_quiet": "a unit is started only in a cycle in which no unit is busy (an instruction issued in the "
+                   "done cycle of the one before starts after that one has finished)",
 }
 
 
@@ -166,9 +181,11 @@ class GA2(wiring.Component):
     halted : Out(1)
         Register, set when a HALT is issued.
     imem_addr : Out(16)
-        The program counter.
+        The program counter; on a chip with ``config.prefetch`` the address of the word read ahead: pc in
+        FETCH, pc + 1 in ISSUE, pc + 2 in WAIT (docs/prefetch.md).
     imem_data : In(128)
-        Program ROM word at ``imem_addr``; must be combinational (sampled at the end of FETCH).
+        Program ROM word at ``imem_addr``; must be combinational (sampled at the end of FETCH, and on a
+        prefetch chip at the end of ISSUE and of an issuing WAIT cycle too).
     req_valid, req_addr : Out(1), Out(16)
         External read request, straight from the LD unit (the DMA).
     resp_valid, resp_data : In(1), In(config.word_bits)
@@ -241,7 +258,11 @@ class GA2(wiring.Component):
 
         st, pc, cur = self.state, self.pc, self.cur
         ins = Signal(128)
-        opcode = ins[124:128]
+        # The word the units take at an issue: the instruction register on the book's chip; on a prefetch
+        # chip (docs/prefetch.md) `nxt`, the word after the current one, read while it works (FETCH loads
+        # it with `ins`, so in ISSUE both hold the same word).
+        issue = Signal(128, name="nxt") if cfg.prefetch else ins
+        opcode = issue[124:128]
         go = Signal()
         m.d.comb += [go.eq(st == SeqState.ISSUE), self.imem_addr.eq(pc)]
         is_halt = opcode == Op.HALT
@@ -257,14 +278,14 @@ class GA2(wiring.Component):
 
         # ---- units: the instruction register goes to everyone, `start` only to the named unit ----
         for op, unit in units.items():
-            dec.d.comb += [unit.ins.eq(ins), unit.start.eq(go & (opcode == op))]
+            dec.d.comb += [unit.ins.eq(issue), unit.start.eq(go & (opcode == op))]
         if cfg.mm_rq:
             # RQC: the MM unit's requantizer registers take its fields at E0 (docs/fused-rq.md)
             dec.d.comb += units[Op.MM].rqc.eq(go & (opcode == Op.RQC))
 
         def ld_field(name):
             hi, lo = HW_OPERANDS[Op.LD][name]
-            return ins[lo:hi + 1]
+            return issue[lo:hi + 1]
 
         dec.d.comb += [
             ld.start.eq(go & (opcode == Op.LD)),
@@ -329,6 +350,16 @@ class GA2(wiring.Component):
             if cfg.mm_rq:
                 with m.Case(Op.RQC):
                     m.d.comb += done.eq(1)          # B = 1: the registers were loaded at E0
+        if cfg.prefetch:
+            # The overlapped issue (docs/prefetch.md): in the done cycle of the current instruction, unless
+            # it failed (an error stop issues its HALT the book's way, through FETCH and ISSUE), `nxt` is
+            # issued; the word after it is read meanwhile, so imem_addr runs one ahead in ISSUE and two in WAIT.
+            overlap = (st == SeqState.WAIT) & done
+            if cfg.gather:
+                overlap = overlap & ~failed
+            m.d.comb += [go.eq((st == SeqState.ISSUE) & ~self.error | overlap if cfg.gather
+                               else (st == SeqState.ISSUE) | overlap),
+                         self.imem_addr.eq(pc + Mux(st == SeqState.WAIT, 2, st == SeqState.ISSUE))]
 
         # The WAIT-cycle counter of each opcode of this chip, by its class (hdl.isa.COUNTER_OF).
         counters = [self.cyc_total, self.cyc_mm, self.cyc_dma, self.cyc_vec, self.n_inst]
@@ -348,8 +379,12 @@ class GA2(wiring.Component):
             with m.Case(SeqState.FETCH):
                 m.d.sync += [ins.eq(self.imem_data), self.cyc_total.eq(self.cyc_total + 1),
                              st.eq(SeqState.ISSUE)]
+                if cfg.prefetch:
+                    m.d.sync += issue.eq(self.imem_data)
             with m.Case(SeqState.ISSUE):
                 m.d.sync += self.cyc_total.eq(self.cyc_total + 1)
+                if cfg.prefetch:
+                    m.d.sync += issue.eq(self.imem_data)        # the word at pc + 1
                 with m.If(is_halt):
                     m.d.sync += [st.eq(SeqState.HALT), self.halted.eq(1), cur.eq(CUR_NONE)]
                 with m.Else():
@@ -365,6 +400,14 @@ class GA2(wiring.Component):
                 with m.If(done):
                     m.d.sync += [pc.eq(pc + 1), self.n_inst.eq(self.n_inst + 1),
                                  cur.eq(CUR_NONE), st.eq(SeqState.FETCH)]
+                    if cfg.prefetch:
+                        with m.If(overlap):
+                            # issue `nxt` now (its unit's E0 is this edge); `nxt` takes the word at pc + 2
+                            m.d.sync += [ins.eq(issue), issue.eq(self.imem_data)]
+                            with m.If(is_halt):
+                                m.d.sync += [st.eq(SeqState.HALT), self.halted.eq(1)]
+                            with m.Else():
+                                m.d.sync += [st.eq(SeqState.WAIT), cur.eq(opcode)]
             # HALT: nothing until rst.
 
         self._check_properties(m, ins, sp.port, every)
@@ -415,9 +458,24 @@ class GA2(wiring.Component):
                 m.d.comb += k.eq(1)
             with m.Case(SeqState.WAIT, SeqState.HALT):
                 m.d.comb += k.eq(2)
-        relation = (self.cyc_total == ((self.n_inst << 1) + self.cyc_mm + self.cyc_dma + self.cyc_vec + k)[:self.config.counter_bits])
-        h.check("counters", (st == SeqState.IDLE) | relation, t["counters"])
+        # On a prefetch chip (docs/prefetch.md) only the run's first instruction and an error stop's HALT
+        # have FETCH and ISSUE cycles: 2*error where the book has 2*n_inst.
+        if not self.config.prefetch:
+            seq = self.n_inst << 1
+        else:
+            seq = (self.error << 1) if self.config.gather else 0
+        relation = (self.cyc_total == (seq + self.cyc_mm + self.cyc_dma + self.cyc_vec + k)[:self.config.counter_bits])
+        h.check("counters", (st == SeqState.IDLE) | relation,
+                PREFETCH_CHIP_PROPERTIES["counters"] if self.config.prefetch else t["counters"])
         h.check("state_legal", st.as_value() <= SeqState.HALT.value, t["state_legal"])
+
+        if self.config.prefetch:
+            # the overlapped issue starts a unit only once the one before has finished
+            anyone_busy = 0
+            for u in every.values():
+                anyone_busy = anyone_busy | u.busy
+            for u in every.values():
+                h.check("issue_quiet", ~u.start | ~anyone_busy, PREFETCH_CHIP_PROPERTIES["issue_quiet"])
 
         # HALT is left only by a reset.
         if self.config.gather:

@@ -77,6 +77,11 @@ class ChipConfig:
         element one cycle later (one more cycle with ``mm_overlap``, none without:
         ``hdl.isa.mm_busy_cycles``). 0, the book's chip, keeps the requantizer combinational (hardware
         spec 5.4).
+    prefetch : int
+        1 lets the sequencer fetch the next instruction while the current one works and issue it in the
+        current one's done cycle (``docs/prefetch.md``): an instruction then costs its busy cycles B only,
+        not 2 + B; the run's first instruction (and the HALT of an error stop) still costs its FETCH and
+        ISSUE cycles (``hdl.isa.seq_cycles``). 0, the book's chip, keeps the sequencer of hardware spec 2.2.
     """
 
     array: int = 4
@@ -94,6 +99,7 @@ class ChipConfig:
     mm_pack: int = 0
     mm_overlap: int = 0
     rq_pipe: int = 0
+    prefetch: int = 0
 
     def __post_init__(self):
         for f in fields(self):
@@ -135,6 +141,8 @@ class ChipConfig:
             raise ValueError(f"ChipConfig mm_overlap must be 0 or 1, not {self.mm_overlap}")
         if self.rq_pipe not in (0, 1):
             raise ValueError(f"ChipConfig rq_pipe must be 0 or 1, not {self.rq_pipe}")
+        if self.prefetch not in (0, 1):
+            raise ValueError(f"ChipConfig prefetch must be 0 or 1, not {self.prefetch}")
 
     # ---- derived widths and limits -----------------------------------------------------------------
     @property

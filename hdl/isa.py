@@ -27,6 +27,7 @@ __all__ = [
     "RESIDENT_OPS", "gather", "scatter", "resident_runs", "resident_busy_cycles", "legal_ops",
     "MM_RQ_OPS", "CHIP_OPERANDS", "hw_operands", "rqc", "RQC_BUSY",
     "ideal_cycles", "macs", "ext_words", "vector_elements", "vector_lanes", "ext_port_words",
+    "SEQ_CYCLES", "seq_cycles",
 ]
 
 # The book's limits, kept as module constants for the code that only ever meets the book's chip; every
@@ -521,8 +522,9 @@ def rq_busy_cycles(n: int, cfg: ChipConfig) -> int:
 
 
 def busy_cycles(ins, lat: int = 8, cfg: ChipConfig = BOOK) -> int:
-    """WAIT cycles B of one legal instruction on the chip `cfg`; the instruction costs 2 + B cycles in
-    all (HALT: 2). Only the MM, VADD and RQ units' times depend on the configuration."""
+    """WAIT cycles B of one legal instruction on the chip `cfg`; the instruction costs ``seq_cycles`` + B
+    cycles in all (2 + B on the book's chip; HALT: 2). Only the MM, VADD and RQ units' times depend on
+    the configuration."""
     o = operands(ins)
     op = o["op"]
     if op == Op.HALT:
@@ -551,13 +553,34 @@ def busy_cycles(ins, lat: int = 8, cfg: ChipConfig = BOOK) -> int:
 RQC_BUSY = 1
 
 
+# The sequencer's own cycles for one instruction fetched and issued the book's way: FETCH and ISSUE
+# (hardware spec 2.2).
+SEQ_CYCLES = 2
+
+
+def seq_cycles(index: int, cfg: ChipConfig = BOOK, after_error: bool = False) -> int:
+    """Cycles the sequencer spends on instruction `index` of a run (0 = the first; HALT included) outside
+    every unit's WAIT cycles, so that a run's ``cyc_total`` is the sum of ``seq_cycles + busy_cycles`` over
+    the instructions it issues, its HALT included.
+
+    On the book's chip every instruction costs its FETCH and ISSUE cycles: ``SEQ_CYCLES`` = 2. On a chip
+    with ``prefetch`` = 1 (docs/prefetch.md) an instruction that follows another was fetched while that one
+    worked and is issued in its done cycle, which is one of its WAIT cycles: 0. The first instruction of a
+    run, and the HALT that an error stop issues (`after_error`: the instruction after a GATHER or SCATTER
+    that found a bad table, docs/resident.md), go through FETCH and ISSUE on every chip: 2.
+    """
+    if cfg.prefetch and index > 0 and not after_error:
+        return 0
+    return SEQ_CYCLES
+
+
 # ---- the ideal under the chip's own limits (issue 23: the yardstick of `ga2 profile`) ---------------------
 #
 # Beside each busy time above, the least time the same work could take if the unit did nothing but that work
 # at the rate the chip's own resources allow: the PEs an MM's shape can use, the lanes of a vector unit, the
 # width of the external-memory port. busy_cycles - ideal_cycles is what a unit loses to staging, draining,
 # latency, extra passes and setup; the sequencer's 2 cycles of fetch and issue an instruction have an ideal of
-# 0 (a chip could overlap them with the previous instruction's work).
+# 0 (a chip can overlap them with the previous instruction's work: a prefetch chip does, `seq_cycles`).
 
 def vector_lanes(cfg: ChipConfig = BOOK) -> int:
     """Elements a vector unit (RQ, SM, VADD, AMAX, UNPACK) can take in one cycle on the chip `cfg`: one

@@ -4,7 +4,9 @@ Built from the reference machine's per-instruction trace (`sim.backends.TraceEnt
 RTL). One process, the chip; its tracks (threads):
 
 - ``steps``: one slice per run (a decode step, the resident load), its five counters as arguments;
-- ``sequencer``: per instruction a ``fetch`` and an ``issue`` slice of one cycle each (HALT's too);
+- ``sequencer``: per instruction a ``fetch`` and an ``issue`` slice of one cycle each (HALT's too), except
+  for an instruction a prefetch chip read ahead and issued in the previous one's done cycle (docs/prefetch.md:
+  every instruction of a run but the first and an error stop's HALT), which costs the sequencer no cycle;
 - one track per unit the chip has (LD, ST, MM, RQ, SM, VADD, AMAX, UNPACK, and GATHER, SCATTER, RQC where
   the chip has them): per instruction one complete slice for its busy (WAIT) cycles, named by opcode, with
   the operands the hardware reads (`hdl.isa.operands`, `hdl.isa.hw_operands`) as arguments.
@@ -13,8 +15,8 @@ Time is in chip cycles: one unit of ``ts``/``dur`` (a microsecond to the viewers
 laid one after another: each run's cycles are offset by the ``cyc_total`` of the runs before it.
 
 Per run the durations add up to the five counters exactly (`check_against_counters`): the unit slices of
-class mm / dma / vec give cyc_mm / cyc_dma / cyc_vec, the sequencer's non-HALT slices give 2 * n_inst, and
-all of a run's slices together (with HALT's 2) give cyc_total.
+class mm / dma / vec give cyc_mm / cyc_dma / cyc_vec, their number n_inst, and all of a run's slices together
+(the sequencer's included: 2 per instruction on the book's chip, 2 per run on a prefetch chip) give cyc_total.
 """
 from __future__ import annotations
 
@@ -80,10 +82,11 @@ def build_events(config: ChipConfig, runs, labels=None) -> list[dict]:
             name = Op(op).name
             fields = {k: v for k, v in o.items() if k in hw_operands(op, config)}
             common = {"pc": e.pc, "op": name, "run": i}
-            ev.append({"name": "fetch", "cat": "fetch", "ph": "X", "ts": offset + e.fetch, "dur": 1,
-                       "pid": PID, "tid": SEQ_TID, "args": dict(common)})
-            ev.append({"name": "issue", "cat": "issue", "ph": "X", "ts": offset + e.issue, "dur": 1,
-                       "pid": PID, "tid": SEQ_TID, "args": dict(common)})
+            if e.seq:               # 0: read ahead and issued in the previous one's done cycle
+                ev.append({"name": "fetch", "cat": "fetch", "ph": "X", "ts": offset + e.fetch, "dur": 1,
+                           "pid": PID, "tid": SEQ_TID, "args": dict(common)})
+                ev.append({"name": "issue", "cat": "issue", "ph": "X", "ts": offset + e.issue, "dur": 1,
+                           "pid": PID, "tid": SEQ_TID, "args": dict(common)})
             if op != Op.HALT:
                 tid = tracks[op][0]
                 ev.append({"name": name, "cat": COUNTER_OF[Op(op)], "ph": "X", "ts": offset + e.issue + 1,
@@ -106,7 +109,7 @@ def check_against_counters(events: list[dict], counters_list) -> None:
     for i, c in enumerate(counters_list):
         mine = [e for e in events if e["ph"] == "X" and e["args"].get("run") == i]
         sums = {"mm": 0, "dma": 0, "vec": 0}
-        seq = halt = 0
+        seq = halt = units = 0
         step = None
         for e in mine:
             if e["cat"] == "step":
@@ -118,14 +121,15 @@ def check_against_counters(events: list[dict], counters_list) -> None:
                     seq += e["dur"]
             else:
                 sums[e["cat"]] += e["dur"]
-        got = [seq + halt + sums["mm"] + sums["dma"] + sums["vec"], sums["mm"], sums["dma"], sums["vec"], seq // 2]
+                units += 1
+        got = [seq + halt + sums["mm"] + sums["dma"] + sums["vec"], sums["mm"], sums["dma"], sums["vec"], units]
         problems = []
         if got != list(c):
             problems.append(f"tracks give {got}, counters are {list(c)}")
         if seq % 2:
-            problems.append(f"the sequencer's non-HALT slices give {seq} cycles, not 2 per instruction")
-        if halt != 2:
-            problems.append(f"HALT's fetch and issue give {halt} cycles, not 2")
+            problems.append(f"the sequencer's non-HALT slices give {seq} cycles, not 2 per instruction fetched")
+        if halt not in (0, 2):
+            problems.append(f"HALT's fetch and issue give {halt} cycles, not 2 (or 0, read ahead)")
         if step != c[0]:
             problems.append(f"the step slice lasts {step}, cyc_total is {c[0]}")
         if problems:

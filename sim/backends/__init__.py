@@ -22,11 +22,18 @@ _W = 0xFFFFFFFF
 
 @dataclass
 class TraceEntry:
-    """One executed instruction: its pc and the cyc_total values in its FETCH, ISSUE and done cycles."""
+    """One executed instruction: its pc and the cyc_total values in its FETCH, ISSUE and done cycles.
+
+    `seq` is the cycles the sequencer spent on it outside every unit's WAIT cycles (`hdl.isa.seq_cycles`):
+    2, its FETCH and ISSUE, or 0 for an instruction that a prefetch chip (docs/prefetch.md) read ahead and
+    issued in the previous one's done cycle; then ``issue`` is that done cycle and ``fetch`` the cycle its
+    word was read in (the previous instruction's issue cycle).
+    """
     pc: int
     fetch: int
     issue: int
     done: int
+    seq: int = 2
 
     @property
     def busy(self) -> int:

@@ -1,7 +1,9 @@
 """The reference machine: GA-2 executed one instruction at a time in plain Python (the oracle).
 
 Contract: the final external memory, the final scratchpad and the five counters equal the chip's bit for
-bit; each instruction costs ``2 + hdl.isa.busy_cycles`` cycles (HALT 2), so the counters need no cycle loop.
+bit; each instruction costs ``hdl.isa.seq_cycles + hdl.isa.busy_cycles`` cycles (2 + B on the book's chip,
+HALT 2; on a prefetch chip B, the run's first instruction and an error stop's HALT 2 more), so the counters
+need no cycle loop.
 Operands are the bits the hardware reads (``hdl.isa.operands``), arithmetic is ``hdl.arith``, and the
 order of scratchpad reads and writes inside a unit follows its pipeline (hardware spec 4), so even a
 legal-but-odd program (partially overlapping RQ/VADD/SM operands) gives what the chip gives.
@@ -18,7 +20,7 @@ from hdl.arith import (EXP_TABLE, SOFTMAX_NUM, argmax_first, divu, requant, s8, 
                        unpack_word, vadd_sat)
 from hdl.config import BOOK, ChipConfig
 from hdl.isa import (COUNTER_INDEX, COUNTER_OF, RESIDENT_OPS, IsaError, Op, busy_cycles, legal_ops, operands,
-                     resident_busy_cycles, resident_runs, validate)
+                     resident_busy_cycles, resident_runs, seq_cycles, validate)
 from hdl.isa import MM_RQ_OPS
 
 from sim.backends import (MAX_CYCLES, Backend, BadInput, DidNotHalt, ErrorStop, RunResult, SimError,
@@ -99,17 +101,24 @@ class ReferenceMachine(Backend):
         check = self.check
         limit = self.max_cycles
         pc = 0
+        issued = 0              # instructions issued so far (the first one is fetched and issued the book's way)
+        last_issue = 0          # the cycle the last instruction was issued in
         while True:
             word = rom[pc & rom_mask]
             o = operands(word)
             op = o["op"]
-            fetch = counters[0]
+            seq = seq_cycles(issued, cfg)
+            if seq:
+                fetch, issue = counters[0], counters[0] + 1
+            else:
+                # read ahead while the last instruction worked, issued in its done cycle (docs/prefetch.md)
+                fetch, issue = last_issue, counters[0] - 1
             if op == Op.HALT:
-                counters[0] += 2
+                counters[0] += seq
                 if counters[0] > limit:
                     raise DidNotHalt(f"did not halt within {limit} cycles (pc {pc}: HALT fetched at cycle {fetch})")
                 if trace is not None:
-                    trace.append(TraceEntry(pc, fetch, fetch + 1, fetch + 1))
+                    trace.append(TraceEntry(pc, fetch, issue, issue, seq))
                 break
             if op not in legal:
                 # no unit answers: the sequencer waits forever while cyc_vec counts
@@ -129,14 +138,15 @@ class ReferenceMachine(Backend):
                     error = ErrorStop(error[0], pc, error[1])
             else:
                 busy = busy_cycles(word, lat, cfg)
-            counters[0] += 2 + busy
+            counters[0] += seq + busy
             if counters[0] > limit:
                 raise DidNotHalt(f"did not halt within {limit} cycles (pc {pc}: {Op(op).name} "
                                  f"would end at cycle {counters[0]})")
             counters[_COUNTER[op]] += busy
             counters[4] += 1
             if trace is not None:
-                trace.append(TraceEntry(pc, fetch, fetch + 1, fetch + 1 + busy))
+                trace.append(TraceEntry(pc, fetch, issue, issue + busy, seq))
+            issued, last_issue = issued + 1, issue
             if op == Op.MM and not cfg.mm_pack:
                 o["pb"] = 0         # bit 20 is read only on a chip with mm_pack = 1 (docs/mm-fast.md)
             if op in MM_RQ_OPS:
@@ -149,7 +159,7 @@ class ReferenceMachine(Backend):
             if error is not None:
                 # docs/resident.md: the next instruction acts as a HALT whatever the ROM holds
                 fetch = counters[0]
-                counters[0] += 2
+                counters[0] += seq_cycles(issued, cfg, after_error=True)
                 if counters[0] > limit:
                     raise DidNotHalt(f"did not halt within {limit} cycles (pc {pc}: the HALT of an error "
                                      f"stop fetched at cycle {fetch})")
