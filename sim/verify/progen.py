@@ -268,7 +268,8 @@ class Knobs:
     longlen : float
         The length is drawn from 1 .. the largest (otherwise mostly 1 .. 64).
     repeat : float
-        The next instruction goes to the same unit (the unit is started again two cycles after its done).
+        The next instruction goes to the same unit (the unit is started again two cycles after its done;
+        on a prefetch chip, docs/prefetch.md, at the edge that closes its done cycle).
     chain : float
         The next instruction reads what the previous one wrote (an LD reads back the previous ST).
     budget : int
@@ -321,6 +322,9 @@ def max_len(op, ext: int = 1 << 16) -> int:
 _SPAD = SPAD_WORDS
 _EXTREMES = (0, 1, 0x7F, 0x80, 0xFF, 0xFFFFFF80, 0xFFFFFF81, 0x7FFFFFFF, 0x80000000, 0xFFFFFFFF)
 _WIDE_KINDS = ("mm", "rq", "sm", "vadd", "amax", "unpack", "ld", "st")
+# On a prefetch chip (docs/prefetch.md): the chance that an instruction of a new kind starts a burst of 2..6
+# short instructions (`_Wide.short`).
+_BURST = 0.25
 
 
 def _words32(rng: random.Random, n: int) -> list[int]:
@@ -364,10 +368,16 @@ class _Wide:
         # External memory: body STs write below `zone`, the final stores from `zone` up.
         self.zone = ext - _SPAD if ext >= 2 * _SPAD else ext // 4
         self.prev: tuple[str, int, int] | None = None      # ("spad" | "ext", start, length) last written
+        # Instructions left in a burst (a prefetch chip only, docs/prefetch.md): lengths 1..3, each reading
+        # what the one before wrote, so that short instructions of every unit are issued back to back in
+        # each other's done cycles.
+        self.short = 0
 
     # -- lengths and regions --
     def length(self, top: int) -> int:
         rng, k = self.rng, self.k
+        if self.short:
+            return rng.randint(1, min(3, top))
         r = rng.random()
         if r < k.maxlen:
             return top
@@ -385,7 +395,7 @@ class _Wide:
 
     def source(self, n: int) -> int:
         """Where n words are read from: what the previous instruction wrote (knob `chain`), or anywhere."""
-        if self.prev and self.prev[0] == "spad" and self.rng.random() < self.k.chain:
+        if self.prev and self.prev[0] == "spad" and (self.short or self.rng.random() < self.k.chain):
             return min(self.prev[1], _SPAD - n)
         return self.region(n)
 
@@ -541,7 +551,10 @@ def _wide_program(rng: random.Random, ext: int, lat: int, k: Knobs, cfg=BOOK) ->
         tries += 1
         if rng.random() >= k.repeat:
             kind = rng.choice(kinds)
+            if cfg.prefetch and not g.short and rng.random() < _BURST:
+                g.short = rng.randint(2, 6)
         ins, out = getattr(g, kind)()
+        g.short = max(0, g.short - 1)
         c = cost(ins)
         if used + c > k.budget:
             continue
@@ -553,6 +566,10 @@ def _wide_program(rng: random.Random, ext: int, lat: int, k: Knobs, cfg=BOOK) ->
     for pc, ins in enumerate(prog):
         validate(ins.word, ext_words=ext, index=pc, cfg=cfg)     # the program as meant; the junk on top
         words_out.append(_with_junk(rng, ins.word, k.junk, cfg))
+    if cfg.prefetch:
+        # a prefetch chip reads the word after the HALT ahead (docs/prefetch.md): one or two instructions
+        # there, which must never run (the reference machine stops at the HALT)
+        words_out += [getattr(g, rng.choice(_WIDE_KINDS))()[0].word for _ in range(rng.randint(1, 2))]
     return words_out, image
 
 
@@ -578,7 +595,11 @@ def random_program(rng, ext: int = 2048, knobs: Knobs | None = None, lat: int = 
         MM's rq bit; with mm_pack or mm_overlap MM's M and N range over 1..array (else 1..4), and with
         mm_pack half the MMs read B packed (pb = 1, docs/mm-fast.md) and the junk spares the pb bit.
         ``rq_pipe`` changes only the cycle budget's count (an RQ one cycle more, docs/rq-pipe.md); the
-        knob `overlap` already places RQ's dst at src + 2, the placement the piped unit forwards.
+        knob `overlap` already places RQ's dst at src + 2, the placement the piped unit forwards. With
+        ``prefetch`` (docs/prefetch.md) a wide program has bursts of 2..6 short instructions chained on
+        each other's results (every pair of units issued in each other's done cycles) and one or two
+        instructions after its HALT, which the chip reads ahead but must never run; its budget is still
+        counted at 2 + B an instruction (an upper bound there).
     """
     if not isinstance(rng, random.Random):
         rng = random.Random(rng)
