@@ -38,7 +38,11 @@ EXAMPLE = ("python -m sim.profile --window 4 --mode resident --chip fast --json 
            "python -m sim.profile --serve --mode resident --chip fast --max-batch 8")
 
 # ga2 serve's options that do not apply to a profile: hidden from --help, refused when given
-_SERVE_ONLY = {"sim": "reference", "port": None, "chips": 1, "cluster": None, "workers": None, "out": None}
+_ONE_CHIP = "the profile covers one engine on one chip"
+_SERVE_ONLY = {"sim": ("reference", "the profile runs on the reference machine"),
+               "port": (None, "the profile runs on the reference machine"),
+               "chips": (1, _ONE_CHIP), "cluster": (None, _ONE_CHIP), "workers": (None, _ONE_CHIP),
+               "out": (None, "ga2 serve's figures; the profile draws its roofline with --png")}
 _SERVE_HIDDEN = ("sim", "port", "baud", "timeout", "retries", "chips", "route", "cluster", "workers", "out",
                  "no_verify")
 
@@ -170,10 +174,9 @@ def main(argv=None, out=None) -> int:
     serving = "--serve" in argv
     a = build_parser(serving).parse_args(argv)
     if serving:
-        for dest, default in _SERVE_ONLY.items():
+        for dest, (default, why) in _SERVE_ONLY.items():
             if getattr(a, dest) != default:
-                raise UsageError(f"--{dest.replace('_', '-')} {getattr(a, dest)} is ga2 serve's: the profile runs "
-                                 f"one engine on the reference machine (its figure is --png)")
+                raise UsageError(f"--{dest} {getattr(a, dest)} is ga2 serve's option, not the profile's: {why}")
         from sim.serve import check_args
         check_args(a)
     else:
