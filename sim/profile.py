@@ -28,7 +28,7 @@ DESCRIPTION = (
     "fetch/issue): count, busy cycles, the ideal under the chip's own limits (MM: MACs / the PEs its shape "
     "uses; vector units: elements / lanes; LD, ST, GATHER, SCATTER: words / port width; fetch/issue: 0), the "
     "gap and its share of the total. The classes add up to the five counters exactly (cyc_total = every "
-    "class with fetch/issue, 2 a fetched instruction; cyc_mm = MM + MM+rq + RQC; cyc_dma = LD + ST + GATHER "
+    "class with fetch/issue, the sequencer's 2 cycles an instruction or 0 on a prefetch chip; cyc_mm = MM + MM+rq + RQC; cyc_dma = LD + ST + GATHER "
     "+ SCATTER; cyc_vec = the vector classes; n_inst = the counts but fetch/issue's), checked before anything "
     "is printed. Then per generated token: cycles, the MAC bound (MACs / (rows the batch fills x array)), the "
     "external-memory bound (EXT words / words a cycle) and the ratio of the cycles to the larger. A resident "
@@ -42,9 +42,10 @@ _ONE_CHIP = "the profile covers one engine on one chip"
 _SERVE_ONLY = {"sim": ("reference", "the profile runs on the reference machine"),
                "port": (None, "the profile runs on the reference machine"),
                "chips": (1, _ONE_CHIP), "cluster": (None, _ONE_CHIP), "workers": (None, _ONE_CHIP),
+               "route": ("load", _ONE_CHIP), "order": (None, _ONE_CHIP), "kill_chip": (None, _ONE_CHIP),
                "out": (None, "ga2 serve's figures; the profile draws its roofline with --png")}
-_SERVE_HIDDEN = ("sim", "port", "baud", "timeout", "retries", "chips", "route", "cluster", "workers", "out",
-                 "no_verify")
+_SERVE_HIDDEN = ("sim", "port", "baud", "timeout", "retries", "chips", "route", "cluster", "workers", "order",
+                 "kill_chip", "out", "no_verify")
 
 
 JSON_HELP = "write the profile as JSON: the classes, the counters, every run's figures and the per-token figures"
@@ -176,7 +177,8 @@ def main(argv=None, out=None) -> int:
     if serving:
         for dest, (default, why) in _SERVE_ONLY.items():
             if getattr(a, dest) != default:
-                raise UsageError(f"--{dest} {getattr(a, dest)} is ga2 serve's option, not the profile's: {why}")
+                raise UsageError(f"--{dest.replace('_', '-')} {getattr(a, dest)} is ga2 serve's option, not the "
+                                 f"profile's: {why}")
         from sim.serve import check_args
         check_args(a)
     else:

@@ -173,6 +173,19 @@ def test_book_mode_decode_profile(tmp_path, capsys):
     assert doc["chip"] == "book" and doc["per_token"]["tokens"] == 6
 
 
+def test_prefetch_chip_profile(tmp_path):
+    """On a prefetch chip (docs/prefetch.md) an instruction read ahead costs the sequencer no cycle: fetch/issue
+    is hdl.isa.seq_cycles, 2 a run (its first instruction), and the classes still add up to the counters."""
+    argv = ["--window", "4", "--steps", "3", "--mode", "resident", "--chip", "fast,prefetch=1"]
+    doc, tr, _ = _profile(tmp_path, *argv)
+    load, steps = _decode_counters(tmp_path, *argv)
+    assert doc["counters"] == [sum(c[k] for c in steps) for k in range(5)] == _classes_give(doc["classes"])
+    fi = next(r for r in doc["classes"] if r["class"] == B.FETCH_ISSUE)
+    assert fi["busy"] == 2 * len(steps) and fi["count"] == doc["counters"][4] + len(steps)    # + the HALTs
+    assert _trace_runs(tr) == [load] + steps
+    _per_token_consistent(doc)
+
+
 def test_serving_profile(tmp_path, capsys):
     argv = ["--serve", "--requests", "5", "--seed", "3", "--mode", "resident", "--chip", "fast"]
     doc, tr, _ = _profile(tmp_path, *argv)
@@ -214,7 +227,7 @@ def test_bad_input_is_one_line(tmp_path, capsys, monkeypatch, argv, says):
 
 def test_help_explains_both_forms(capsys):
     assert ga2.main(["profile", "--help"]) == 0
-    text = capsys.readouterr().out
+    text = " ".join(capsys.readouterr().out.split())        # the help is wrapped to the terminal
     for word in ("--serve", "--window", "--png", "--trace", "ideal", "fetch/issue", "MAC bound"):
         assert word in text, word
     assert ga2.main(["profile", "--serve", "--help"]) == 0

@@ -5,10 +5,12 @@ The source is the reference machine's per-instruction trace (``ReferenceMachine(
 cycles), a list of runs ``(program words, trace, counters)`` as `sim.timeline.TracingBackend` keeps them.
 
 How the classes add up to the five counters (checked with ``==`` by `check_breakdown`): an instruction costs
-its fetch cycle, its issue cycle and its WAIT (busy) cycles, and nothing else (the sequencer waits only for the
-unit it issued to, so there is no cycle outside these), so summed over the runs
+its sequencer cycles (`hdl.isa.seq_cycles`, ``TraceEntry.seq``: its FETCH and ISSUE cycles, 2, or 0 for an
+instruction a prefetch chip read ahead and issued in the previous one's done cycle) and its WAIT (busy) cycles,
+and nothing else (the sequencer waits only for the unit it issued to), so summed over the runs
 
-- ``cyc_total`` = the busy cycles of every class + ``fetch/issue`` (2 per instruction fetched, HALT's too);
+- ``cyc_total`` = the busy cycles of every class + ``fetch/issue`` (the sequencer cycles of every instruction,
+  HALT's included; its count is every instruction, HALT included);
 - ``cyc_mm`` = MM + MM+rq + RQC, ``cyc_dma`` = LD + ST + GATHER + SCATTER, ``cyc_vec`` = RQ + SM + VADD + AMAX
   + UNPACK (`hdl.isa.COUNTER_OF`);
 - ``n_inst`` = the count of every class but ``fetch/issue`` (HALT is fetched but not counted).
@@ -48,8 +50,8 @@ class ProfileMismatch(SimError):
 @dataclass
 class ClassFigures:
     """The figures of one class over a set of runs (all integers)."""
-    count: int = 0          # instructions (fetch/issue: instructions fetched, HALTs included)
-    busy: int = 0           # cycles: the WAIT cycles (fetch/issue: 2 per instruction fetched)
+    count: int = 0          # instructions (fetch/issue: every instruction, HALTs included)
+    busy: int = 0           # cycles: the WAIT cycles (fetch/issue: the sequencer's, hdl.isa.seq_cycles)
     ideal: int = 0          # the sum of hdl.isa.ideal_cycles (fetch/issue: 0)
     macs: int = 0           # multiply-accumulates (MM and MM+rq)
     ext_words: int = 0      # words across the external-memory port (LD, ST, GATHER, SCATTER)
@@ -93,7 +95,7 @@ def breakdown(runs, config: ChipConfig) -> dict[str, ClassFigures]:
         for e in trace:
             word = words[e.pc] if e.pc < len(words) else 0      # past the end: a zero word, the chip's HALT
             fi.count += 1
-            fi.busy += 2
+            fi.busy += e.seq
             cls = instr_class(word, config)
             if cls is None:
                 continue

@@ -13,8 +13,8 @@ from sim.perf.breakdown import (FETCH_ISSUE, ProfileMismatch, breakdown, check_b
 
 __all__ = ["IDENTITY", "profile_document", "print_profile"]
 
-IDENTITY = ("cyc_total = the busy cycles of every class, fetch/issue's included (2 per instruction fetched, HALT "
-            "too); cyc_mm = MM + MM+rq + RQC; cyc_dma = LD + ST + GATHER + SCATTER; cyc_vec = RQ + SM + VADD + "
+IDENTITY = ("cyc_total = the busy cycles of every class, fetch/issue's included (the sequencer's: 2 an instruction, "
+            "HALT too, 0 for one a prefetch chip read ahead); cyc_mm = MM + MM+rq + RQC; cyc_dma = LD + ST + GATHER + SCATTER; cyc_vec = RQ + SM + VADD + "
             "AMAX + UNPACK; n_inst = the counts of every class but fetch/issue")
 IDEALS = ("ideal: MM, MACs / the M x N PEs its shape uses (= K); RQ, SM, VADD, AMAX, UNPACK, elements / lanes; LD, "
           "ST, GATHER, SCATTER, words / the port's words a cycle; RQC and fetch/issue, 0")
