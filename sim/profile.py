@@ -37,15 +37,18 @@ EXAMPLE = ("python -m sim.profile --window 4 --mode resident --chip fast --json 
            "python -m sim.profile --window 4 --steps 8\n"
            "python -m sim.profile --serve --mode resident --chip fast --max-batch 8")
 
-# ga2 serve's options that do not apply to a profile: hidden from --help, refused when given
+# the options of ga2 serve that say which trace is served and how: the profile takes these; every other option of
+# ga2 serve's parser (the simulator, the board, several chips, figures, replays, what a later version adds) is
+# hidden from --help and refused when given, with its reason if it is known here
+_SERVE_KEPT = {"help", "requests", "seed", "arrival", "prompt_len", "gen_len", "prefix_share", "max_batch",
+               "max_batched_tokens", "stop", "temperature", "top_k", "n", "policy", "priorities", "window", "sinks",
+               "page", "pages", "alloc", "no_prefix_cache", "prefill", "mode", "chip", "model", "seed_model", "lat",
+               "json", "trace"}
 _ONE_CHIP = "the profile covers one engine on one chip"
-_SERVE_ONLY = {"sim": ("reference", "the profile runs on the reference machine"),
-               "port": (None, "the profile runs on the reference machine"),
-               "chips": (1, _ONE_CHIP), "cluster": (None, _ONE_CHIP), "workers": (None, _ONE_CHIP),
-               "route": ("load", _ONE_CHIP), "order": (None, _ONE_CHIP), "kill_chip": (None, _ONE_CHIP),
-               "out": (None, "ga2 serve's figures; the profile draws its roofline with --png")}
-_SERVE_HIDDEN = ("sim", "port", "baud", "timeout", "retries", "chips", "route", "cluster", "workers", "order",
-                 "kill_chip", "out", "no_verify")
+_REFUSED_WHY = {"sim": "the profile runs on the reference machine", "port": "the profile runs on the reference machine",
+                "chips": _ONE_CHIP, "cluster": _ONE_CHIP, "workers": _ONE_CHIP, "route": _ONE_CHIP,
+                "order": _ONE_CHIP, "kill_chip": _ONE_CHIP, "no_verify": "the profile runs no replays",
+                "out": "ga2 serve's figures; the profile draws its roofline with --png"}
 
 
 JSON_HELP = "write the profile as JSON: the classes, the counters, every run's figures and the per-token figures"
@@ -70,7 +73,7 @@ def _serve_parser() -> Parser:
     p.description = DESCRIPTION
     p.epilog = "example:\n" + "\n".join("  " + ln for ln in EXAMPLE.splitlines())
     for action in p._actions:
-        if action.dest in _SERVE_HIDDEN:
+        if action.dest not in _SERVE_KEPT:
             action.help = argparse.SUPPRESS
         elif action.dest == "json":
             action.help = JSON_HELP
@@ -173,12 +176,15 @@ def main(argv=None, out=None) -> int:
     out = out or sys.stdout
     argv = list(sys.argv[1:] if argv is None else argv)
     serving = "--serve" in argv
-    a = build_parser(serving).parse_args(argv)
+    parser = build_parser(serving)
+    a = parser.parse_args(argv)
     if serving:
-        for dest, (default, why) in _SERVE_ONLY.items():
-            if getattr(a, dest) != default:
-                raise UsageError(f"--{dest.replace('_', '-')} {getattr(a, dest)} is ga2 serve's option, not the "
-                                 f"profile's: {why}")
+        for action in parser._actions:
+            dest = action.dest
+            if dest not in _SERVE_KEPT | {"serve", "png"} and getattr(a, dest, action.default) != action.default:
+                why = _REFUSED_WHY.get(dest, "the profile serves one trace on one engine on the reference machine")
+                given = action.option_strings[0] + ("" if action.nargs == 0 else f" {getattr(a, dest)}")
+                raise UsageError(f"{given} is ga2 serve's option, not the profile's: {why}")
         from sim.serve import check_args
         check_args(a)
     else:

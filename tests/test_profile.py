@@ -210,6 +210,8 @@ BAD = [
     (["--json", "same.json", "--png", "same.json"], "different files"),
     (["--serve", "--sim", "verilator"], "--sim verilator"),
     (["--serve", "--chips", "2"], "--chips 2"),
+    (["--serve", "--no-verify"], "--no-verify is ga2 serve's option"),
+    (["--serve", "--baud", "9600"], "--baud 9600"),
     (["--serve", "--requests", "0"], "--requests"),
     (["--serve", "--mode", "resident"], "gather=1"),
 ]
