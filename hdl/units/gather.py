@@ -1,5 +1,7 @@
 """The GATHER unit: the LD engine (`hdl.units.ld.DMA`) with a block-table indirection (docs/resident.md).
 
+It counts requests and responses with LD's `hdl.units.ld.ReadCount`.
+
 LD streams one contiguous external block into contiguous scratchpad words. GATHER streams rows [lo, hi)
 of a request whose rows live in pool pages named by a block table in the scratchpad: each *run* (the
 rows of one page) is one contiguous external block, so GATHER is LD restarted once per run at a source
@@ -32,6 +34,7 @@ from hdl.isa import Op
 from hdl.properties import History
 
 from .base import SpadUnit, operand
+from .ld import ReadCount
 
 __all__ = ["GatherUnit", "ErrorKind", "TableWalk", "error_ports", "ROW_BITS", "ROW_WORD_BITS",
            "ISOLATION_PROPERTIES"]
@@ -249,44 +252,41 @@ class GatherUnit(SpadUnit):
         cfg = self.config
         opr = self.operand_register()
         walk = TableWalk(m, self, opr)
-        # LD's two counters: requests issued and responses received; they differ by at most LAT, so
-        # a width holding 2 * 1024 compares them exactly whatever the run lengths.
-        cw = max(cfg.spad_addr_bits, 12)
-        issued = Signal(cw, name="issued")
-        recvd = Signal(cw, name="recvd")
+        # LD's count (requests issued, responses received, response k to spad + k); the counters
+        # differ by at most the memory's LAT, so a width holding 2 * 1024 compares them exactly
+        # whatever the run lengths.
+        count = ReadCount(max(cfg.spad_addr_bits, 12))
         src = Signal(cfg.ext_addr_bits, name="src")
         tail = Signal(range(cfg.lat + 1), name="tail")
+        answered = count.answered(self.resp_valid)
 
         m.d.comb += [
             self.spad.raddr.eq(walk.table_addr),
-            self.spad.we.eq(self.resp_valid),
-            self.spad.waddr.eq(opr.spad + recvd),
-            self.spad.wdata.eq(self.resp_data),
+            *count.write_side(self.spad, opr.spad, self.resp_valid, self.resp_data),
             self.req_addr.eq(src),
         ]
         with m.If(self.busy & self.resp_valid):
-            m.d.sync += recvd.eq(recvd + 1)
+            m.d.sync += count.receive()
 
         def move():
             m.d.comb += self.req_valid.eq(1)
-            m.d.sync += [src.eq(src + 1), issued.eq(issued + 1)]
+            m.d.sync += [src.eq(src + 1), count.request()]
 
         def end():
-            # LD's end: the last response is being written
-            with m.If(self.resp_valid & ((recvd + 1)[:cw] == issued)):
+            # LD's end: the last response is being written (one is always outstanding in END)
+            with m.If(answered):
                 self.finish(m)
 
         def stop():
             # as if the failing L2 had been a request: done config.lat + 1 cycles after it, and not
-            # before every request made was answered (LD's count: a memory slower than config.lat
-            # still has responses on their way, which are written before done)
+            # before every request made was answered (a memory slower than config.lat still has
+            # responses on their way, which are written before done)
             with m.If(tail != 0):
                 m.d.sync += tail.eq(tail - 1)
-            answered = (recvd == issued) | (self.resp_valid & ((recvd + 1)[:cw] == issued))
             with m.If((tail <= 1) & answered):
                 self.finish(m)
 
-        walk.control(start_extra=[issued.eq(0), recvd.eq(0)], found=[src.eq(walk.pool_addr)],
+        walk.control(start_extra=count.clear(), found=[src.eq(walk.pool_addr)],
                      move=move, stop_entry=[tail.eq(cfg.lat)], end=end, stop=stop)
         self.check_protocol(m, opr)
         walk.check_isolation(self.req_valid, self.req_addr, src)

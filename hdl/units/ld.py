@@ -13,7 +13,58 @@ from hdl.config import BOOK
 from hdl.properties import unit_protocol
 from hdl.scratchpad import SpadPort
 
-__all__ = ["DMA"]
+__all__ = ["DMA", "ReadCount"]
+
+
+class ReadCount:
+    """The count of an external read stream: LD's, shared with GATHER (`hdl.units.gather`).
+
+    Requests are issued one a cycle at most and answered in order; response k is written to the
+    scratchpad word ``base + k`` as it arrives (``spad.we`` is ``resp_valid``, ``wdata`` the response).
+    The two counters wrap at `width` bits; they differ by at most the requests outstanding (the
+    memory's LAT), which must stay below ``2**width``.
+
+    Parameters
+    ----------
+    width : int
+        Bits of each counter.
+
+    Attributes
+    ----------
+    issued, recvd : Signal(width)
+        Requests issued and responses received since `clear`.
+    """
+
+    def __init__(self, width):
+        self.width = width
+        self.issued = Signal(width, name="issued")
+        self.recvd = Signal(width, name="recvd")
+
+    def clear(self):
+        """Statements for the start edge: nothing issued, nothing received."""
+        return [self.issued.eq(0), self.recvd.eq(0)]
+
+    def write_side(self, spad, base, resp_valid, resp_data):
+        """Comb statements of the scratchpad write: the response arriving now to ``base + recvd``."""
+        return [spad.we.eq(resp_valid), spad.waddr.eq(base + self.recvd), spad.wdata.eq(resp_data)]
+
+    def request(self):
+        """Sync statement of a cycle that issues a request."""
+        return self.issued.eq(self.issued + 1)
+
+    def receive(self):
+        """Sync statement of a cycle whose response arrives."""
+        return self.recvd.eq(self.recvd + 1)
+
+    def is_nth(self, n):
+        """The response arriving now (if any) is the `n`-th: LD's last, with n its length. ``n - 1`` is
+        signed: n = 0 never matches (as in the RTL)."""
+        return self.recvd == n - 1
+
+    def answered(self, resp_valid):
+        """Every request issued is answered once this cycle's response (if `resp_valid`) is written:
+        none outstanding, or the one arriving is the last (modulo the counters' width)."""
+        return (self.recvd == self.issued) | (resp_valid & ((self.recvd + 1)[:self.width] == self.issued))
 
 
 class DMA(wiring.Component):
@@ -99,16 +150,13 @@ class DMA(wiring.Component):
         src_r = Signal(self._xw)
         dst_r = Signal(self._aw)
         len_r = Signal(self._aw)
-        issued = Signal(self._aw)
-        recvd = Signal(self._aw)
+        count = ReadCount(self._aw)
 
-        pending = issued != len_r
+        pending = count.issued != len_r
         m.d.comb += [
             self.req_valid.eq(self.busy & pending),
-            self.req_addr.eq(src_r + issued),
-            self.spad.we.eq(self.resp_valid),
-            self.spad.waddr.eq(dst_r + recvd),
-            self.spad.wdata.eq(self.resp_data),
+            self.req_addr.eq(src_r + count.issued),
+            *count.write_side(self.spad, dst_r, self.resp_valid, self.resp_data),
         ]
 
         # The units' control idiom (hdl.units.base.Unit.control): an FSM, busy = not IDLE.
@@ -117,15 +165,15 @@ class DMA(wiring.Component):
             with m.State("IDLE"):
                 with m.If(self.start):
                     m.d.sync += [src_r.eq(self.src), dst_r.eq(self.dst), len_r.eq(self.length),
-                                 issued.eq(0), recvd.eq(0)]
+                                 *count.clear()]
                     m.next = "XFER"
             with m.State("XFER"):
                 with m.If(pending):
-                    m.d.sync += issued.eq(issued + 1)
+                    m.d.sync += count.request()
                 with m.If(self.resp_valid):
-                    m.d.sync += recvd.eq(recvd + 1)
-                    # len_r - 1 is signed: with len 0 it is -1 and never matches, as in the RTL.
-                    with m.If(recvd == len_r - 1):
+                    m.d.sync += count.receive()
+                    # with len 0 this never matches, as in the RTL
+                    with m.If(count.is_nth(len_r)):
                         m.d.sync += self.done.eq(1)
                         m.next = "IDLE"
         m.d.comb += self.busy.eq(~fsm.ongoing("IDLE"))

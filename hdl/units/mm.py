@@ -64,7 +64,7 @@ from hdl.systolic import SystolicArray
 from .base import SpadUnit, operand, operand_bits, operand_layout
 from .rq import check_write_in_busy
 
-__all__ = ["MatrixUnit", "MM_RQ_PROPERTIES"]
+__all__ = ["MatrixUnit", "MM_RQ_PROPERTIES", "packed_column"]
 
 # The output requantizer's properties (a unit with mm_rq only, scope "mm_rq": sim.verify.formal's target of
 # that name proves them with the unit contract), by name, with the statement the formal tool prints.
@@ -72,6 +72,14 @@ MM_RQ_PROPERTIES = {
     "rq_hold": "the requantizer registers change only at an edge where rqc is high, to RQC's fields of ins",
     "rq_range": "with the MM's rq set, every word written is an int8 in [-127, 127], sign-extended (>= 0 with relu)",
 }
+
+
+def packed_column(words, i):
+    """Where column `i` of a packed B is (docs/mm-fast.md): the L words read at once for one k (`words`,
+    read ports in order) hold 4L columns; column i is byte i % 4 of word (i // 4) % L of the group
+    i // (4L). Returns (that byte as a signed value, the group)."""
+    L = len(words)
+    return words[(i // 4) % L][8 * (i % 4):8 * (i % 4) + 8].as_signed(), i // (4 * L)
 
 
 class MatrixUnit(SpadUnit):
@@ -173,14 +181,12 @@ class MatrixUnit(SpadUnit):
         # k; n_d is a multiple of L, so B lane i always takes word i mod L.
         words = [self.spad.rdata] + ([self.spad.rdata_x[j] for j in range(L - 1)] if L > 1 else [])
         staged = [w[:8].as_signed() for w in words]
+        packed = [packed_column(words, i) for i in range(n_arr)] if cfg.mm_pack else None
         for lane in range(2 * n_arr):
             for sub in range(L):
                 word = sub if lane < n_arr else (lane - n_arr) % L
                 if cfg.mm_pack and lane >= n_arr:
-                    # packed: column i is byte i % 4 of word i // 4 of the group (read port (i // 4) % L)
-                    i = lane - n_arr
-                    packed = words[(i // 4) % L][8 * (i % 4):8 * (i % 4) + 8].as_signed()
-                    m.d.comb += wr.data[lane * L + sub].eq(Mux(pb, packed, staged[word]))
+                    m.d.comb += wr.data[lane * L + sub].eq(Mux(pb, packed[lane - n_arr][0], staged[word]))
                 else:
                     m.d.comb += wr.data[lane * L + sub].eq(staged[word])
         m.d.comb += wr.addr.eq(k_d >> lg_load)
@@ -256,7 +262,7 @@ class MatrixUnit(SpadUnit):
         if L == 1:
             b_lane = [n_d == i for i in range(n_arr)]
             if cfg.mm_pack:
-                b_lane = [Mux(pb, n_d == i // 4 * 4, b_lane[i]) for i in range(n_arr)]
+                b_lane = [Mux(pb, n_d == packed[i][1] * 4, b_lane[i]) for i in range(n_arr)]
             m.d.comb += wr.en.eq(Cat(
                 Cat(fsm.ongoing("LA") & v & (m_d == i) for i in range(n_arr)),
                 Cat(fsm.ongoing("LB") & v & b_lane[i] for i in range(n_arr)),
@@ -266,7 +272,8 @@ class MatrixUnit(SpadUnit):
             # B writes element k_d mod L of lanes n_d .. n_d+L-1 (n_d a multiple of L).
             b_lane = [n_d == i // L * L for i in range(n_arr)]
             if cfg.mm_pack:
-                b_lane = [Mux(pb, n_d == i // (4 * L) * (4 * L), b_lane[i]) for i in range(n_arr)]
+                # n_d counts columns: a packed group holds 4L of them
+                b_lane = [Mux(pb, n_d == packed[i][1] * (4 * L), b_lane[i]) for i in range(n_arr)]
             m.d.comb += wr.en.eq(Cat(
                 Cat(fsm.ongoing("LA") & v & (m_d == i) & (k_d + s < K) for i in range(n_arr) for s in range(L)),
                 Cat(fsm.ongoing("LB") & v & b_lane[i] & (k_d[:lg_load] == s)
@@ -487,9 +494,9 @@ class MatrixUnit(SpadUnit):
             b_val = b_words_in[i % L][:8].as_signed()
             b_grp = g_d == i // L
             if cfg.mm_pack:
-                byte = b_words_in[(i // 4) % L][8 * (i % 4):8 * (i % 4) + 8].as_signed()
+                byte, group = packed_column(b_words_in, i)
                 b_val = Mux(pb, byte, b_val)
-                b_grp = Mux(pb, g_d == i // (4 * L), b_grp)
+                b_grp = Mux(pb, g_d == group, b_grp)
             for s in range(L):
                 m.d.comb += [wr.data[i * L + s].eq(a_val), wr.data[(n_arr + i) * L + s].eq(b_val)]
                 en_a.append(va & (g_d == i // L) & sub_ok[s])

@@ -48,12 +48,8 @@ class ScatterUnit(StoreUnit):
         wa = Signal(cfg.ext_addr_bits, name="wa")     # ... and this is its external address
         moving = Signal()
 
-        m.d.comb += [
-            self.spad.raddr.eq(Mux(moving, opr.spad + issued, walk.table_addr)),
-            self.wr_valid.eq(v),
-            self.wr_addr.eq(wa),
-            self.wr_data.eq(self.spad.rdata),
-        ]
+        # ST's datapath: the table entry or the next word read, the word read a cycle ago written
+        self.store_path(m, Mux(moving, opr.spad + issued, walk.table_addr), v, wa)
         # ST's one-cycle delay from read to write
         m.d.sync += v.eq(moving)
         with m.If(moving):

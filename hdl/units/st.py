@@ -37,12 +37,16 @@ class StoreUnit(Unit):
         opr = self.operand_register()
         src, dst, n = opr.src, opr.dst, opr.len
         i, j, v = self.one_pass(m, opr, n)
-
-        m.d.comb += [
-            self.spad.raddr.eq(src + i),
-            self.wr_valid.eq(v),
-            self.wr_addr.eq(dst + j),
-            self.wr_data.eq(self.spad.rdata),
-        ]
+        self.store_path(m, src + i, v, dst + j)
         self.check_protocol(m, opr)
         return m
+
+    def store_path(self, m, raddr, v, waddr):
+        """ST's datapath (SCATTER's too, `hdl.units.scatter`): the scratchpad word read at `raddr` in one
+        cycle is in ``spad.rdata`` the next, and goes to external memory then, at `waddr`, if `v`."""
+        m.d.comb += [
+            self.spad.raddr.eq(raddr),
+            self.wr_valid.eq(v),
+            self.wr_addr.eq(waddr),
+            self.wr_data.eq(self.spad.rdata),
+        ]
