@@ -9,7 +9,8 @@ serves it and every request is then replayed alone on the reference machine (`ho
 what ``sim.decode --prompt`` runs): its tokens and integer logits must be identical (exit status 1 if not).
 Times are chip cycles: TTFT from the request's arrival to its first token, TPOT per later token
 (`host.serving.results.summary`). This module wires the host's serving code to a backend and prints;
-``--chips K`` is `sim.serving.multichip`.
+``--chips K`` is `sim.serving.multichip`; ``--http HOST:PORT`` serves clients instead of a trace, an
+OpenAI-compatible API (`sim.serving.http_serve`, docs/http-server.md).
 """
 from __future__ import annotations
 
@@ -33,12 +34,10 @@ DEFAULT_SIM = "reference"
 def serve(a, backend=None, max_batch=None, progress=None, engine_cls=None) -> dict:
     """Serve the trace of parsed arguments `a` (``max_batch`` overrides ``a.max_batch``); the engine's result
     (``res["engine"]``: the engine, with ``engine_cls`` given, e.g. `sim.timeline.recording_engine`)."""
-    from host import tiny_lm as T
-    from host.engine import Engine
+    from host.serving.build import make_engine, model_of
     from sim.backends import get_backend
-    cfg = a.chip
-    m = T.make_model(a.model, a.seed_model if a.seed_model is not None else (1 if a.model == "structured" else 2))
-    backend = backend or get_backend(a.sim, config=cfg, **backend_options(a))
+    m = model_of(a)
+    backend = backend or get_backend(a.sim, config=a.chip, **backend_options(a))
     reqs = make_trace(a.requests, a.seed, a.prompt_len, a.gen_len, a.prefix_share, a.arrival,
                       getattr(a, "priorities", 1))
     for r in reqs:
@@ -46,11 +45,8 @@ def serve(a, backend=None, max_batch=None, progress=None, engine_cls=None) -> di
         # sampling: each request's seed is its id (sample j of it draws apart, host.sampling)
         r.temperature, r.top_k, r.n, r.seed = getattr(a, "temperature", 0.0), getattr(a, "top_k", 0), \
             getattr(a, "n", 1), r.id
-    e = (engine_cls or Engine)(m, backend, max_batch=max_batch or a.max_batch, window=a.window, sinks=a.sinks, page=a.page,
-               n_pages=a.pages, prefix_cache=not a.no_prefix_cache, alloc=a.alloc,
-               contig_rows=a.prompt_len[1] + a.gen_len[1] - 1,
-               lat=cfg.lat if a.lat is None else a.lat, config=cfg, mode=a.mode, prefill=a.prefill,
-               max_batched_tokens=getattr(a, "max_batched_tokens", None), policy=getattr(a, "policy", "fcfs"))
+    e = make_engine(a, m, backend, contig_rows=a.prompt_len[1] + a.gen_len[1] - 1, max_batch=max_batch,
+                    engine_cls=engine_cls)
     res = e.run(reqs, progress=progress)
     res["owned_at_end"], res["cached_at_end"] = e.owned(), len(e.page_hash)
     res["model"] = m
@@ -67,10 +63,12 @@ def build_parser() -> Parser:
         "attention sinks over one page pool (host.engine). Prints requests finished, tokens generated, chip "
         "cycles, tokens per million cycles, time to first token and per output token (cycles; mean and p99), "
         "pages in use, preemptions and prefix-cache hit rows, and checks that every request equals its replay "
-        "alone (sim.decode --prompt; exit status 1 if one differs).",
+        "alone (sim.decode --prompt; exit status 1 if one differs). With --http HOST:PORT it serves clients "
+        "instead, an OpenAI-compatible HTTP API with streaming and metrics (docs/http-server.md).",
         "python -m sim.serve --requests 24 --seed 3 --max-batch 4 --window 8 --sim reference --json a.json\n"
         "python -m sim.serve --prefix-share 0.5 --no-prefix-cache\n"
-        "python -m sim.serve --pages 12 --max-batch 8 --alloc contiguous --out out/serve")
+        "python -m sim.serve --pages 12 --max-batch 8 --alloc contiguous --out out/serve\n"
+        "python -m sim.serve --http 127.0.0.1:8123 --sim reference")
     p.add_argument("--requests", type=int_range(1, 10000), default=24, metavar="N", help="requests in the trace")
     p.add_argument("--seed", type=int, default=3, metavar="S", help="trace seed")
     p.add_argument("--arrival", type=arrival, default=("all", 0.0), metavar="all|poisson:RATE",
@@ -145,6 +143,8 @@ def build_parser() -> Parser:
                    help="with --chips: the least loaded chip, or the chip holding the longest prefix of the prompt")
     from sim.cluster import cluster_option
     cluster_option(p, "one Ray actor per chip")
+    from sim.serving.http_serve import add_http_options
+    add_http_options(p)
     return p
 
 
@@ -172,9 +172,13 @@ def check_args(a) -> None:
 def main(argv=None, out=None) -> int:
     out = out or sys.stdout
     a = build_parser().parse_args(argv)
+    from sim.serving.http_serve import check_http_args, given_options, main_http
+    check_http_args(a, given_options(build_parser(), sys.argv[1:] if argv is None else argv))
     check_args(a)
     from sim.cluster import check_cluster_args
     check_cluster_args(a)
+    if a.http is not None:
+        return main_http(a, out)
     if a.chips > 1 or a.cluster is not None:
         from sim.serving.multichip import main_chips
         return main_chips(a, out)

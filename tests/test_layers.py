@@ -137,7 +137,7 @@ def test_the_graph_sees_the_imports_it_checks():
     g = import_graph(ROOT)
     assert "hdl.isa" in g["compiler.emit"] or "hdl.isa" in set().union(*(g[m] for m in g if m.startswith("compiler")))
     assert "host.tiny_lm" in g["host.agreement"]                       # ``from .tiny_lm import ...``
-    assert "host.engine" in g["sim.serve"]                              # inside a function
+    assert "host.serving.build" in g["sim.serve"]                       # inside a function
     assert all(m.split(".")[0] in LAYERS for m in g)
 
 
