@@ -415,7 +415,8 @@ class GA2(wiring.Component):
 
     def _check_properties(self, m, ins, sp, every):
         """The chip's properties (``CHIP_PROPERTIES``) as Asserts; ``python -m sim.formal`` proves them."""
-        h = History(m, "chip")
+        # scope "prefetch" on a prefetch chip: sim.verify.formal's target of that name proves its properties
+        h = History(m, "prefetch" if self.config.prefetch else "chip")
         st, cur = self.state, self.cur
         t = CHIP_PROPERTIES
 

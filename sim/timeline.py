@@ -77,6 +77,10 @@ def build_events(config: ChipConfig, runs, labels=None) -> list[dict]:
                                               "cyc_vec": c[3], "n_inst": c[4], "instructions": len(trace)}})
         for e in trace:
             word = words[e.pc % len(words)] if e.pc < len(words) else 0     # past the end: a zero word, HALT
+            if e is trace[-1] and operands(word)["op"] != Op.HALT:
+                # a run's last entry is its HALT: here an error stop's, issued whatever the ROM holds
+                # (docs/resident.md)
+                word = 0
             o = operands(word)
             op = o.pop("op")
             name = Op(op).name
