@@ -354,12 +354,16 @@ class GA2(wiring.Component):
             # The overlapped issue (docs/prefetch.md): in the done cycle of the current instruction, unless
             # it failed (an error stop issues its HALT the book's way, through FETCH and ISSUE), `nxt` is
             # issued; the word after it is read meanwhile, so imem_addr runs one ahead in ISSUE and two in WAIT.
+            # It comes from a register (`ahead`, set at each edge for the state the sequencer enters), as the
+            # book's comes from pc: an FPGA keeps the program memory in block RAM, its address register
+            # absorbed, and the ROM's read does not wait for a done.
             overlap = (st == SeqState.WAIT) & done
             if cfg.gather:
                 overlap = overlap & ~failed
+            ahead = Signal(16, name="ahead")
             m.d.comb += [go.eq((st == SeqState.ISSUE) & ~self.error | overlap if cfg.gather
                                else (st == SeqState.ISSUE) | overlap),
-                         self.imem_addr.eq(pc + Mux(st == SeqState.WAIT, 2, st == SeqState.ISSUE))]
+                         self.imem_addr.eq(ahead)]
 
         # The WAIT-cycle counter of each opcode of this chip, by its class (hdl.isa.COUNTER_OF).
         counters = [self.cyc_total, self.cyc_mm, self.cyc_dma, self.cyc_vec, self.n_inst]
@@ -376,15 +380,17 @@ class GA2(wiring.Component):
                         self.cyc_total.eq(0), self.cyc_mm.eq(0), self.cyc_dma.eq(0),
                         self.cyc_vec.eq(0), self.n_inst.eq(0),
                     ]
+                    if cfg.prefetch:
+                        m.d.sync += ahead.eq(0)
             with m.Case(SeqState.FETCH):
                 m.d.sync += [ins.eq(self.imem_data), self.cyc_total.eq(self.cyc_total + 1),
                              st.eq(SeqState.ISSUE)]
                 if cfg.prefetch:
-                    m.d.sync += issue.eq(self.imem_data)
+                    m.d.sync += [issue.eq(self.imem_data), ahead.eq(pc + 1)]
             with m.Case(SeqState.ISSUE):
                 m.d.sync += self.cyc_total.eq(self.cyc_total + 1)
                 if cfg.prefetch:
-                    m.d.sync += issue.eq(self.imem_data)        # the word at pc + 1
+                    m.d.sync += [issue.eq(self.imem_data), ahead.eq(pc + 2)]     # the word at pc + 1
                 with m.If(is_halt):
                     m.d.sync += [st.eq(SeqState.HALT), self.halted.eq(1), cur.eq(CUR_NONE)]
                 with m.Else():
@@ -401,9 +407,10 @@ class GA2(wiring.Component):
                     m.d.sync += [pc.eq(pc + 1), self.n_inst.eq(self.n_inst + 1),
                                  cur.eq(CUR_NONE), st.eq(SeqState.FETCH)]
                     if cfg.prefetch:
+                        m.d.sync += ahead.eq(pc + 1)            # FETCH reads the next pc's word
                         with m.If(overlap):
                             # issue `nxt` now (its unit's E0 is this edge); `nxt` takes the word at pc + 2
-                            m.d.sync += [ins.eq(issue), issue.eq(self.imem_data)]
+                            m.d.sync += [ins.eq(issue), issue.eq(self.imem_data), ahead.eq(pc + 3)]
                             with m.If(is_halt):
                                 m.d.sync += [st.eq(SeqState.HALT), self.halted.eq(1)]
                             with m.Else():

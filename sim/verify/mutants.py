@@ -239,13 +239,13 @@ MUTANTS: tuple[Mutant, ...] = (
        "sequencer: skips the ISSUE cycle (FETCH goes straight to WAIT, no unit is started)",
        "tests/test_chip_amaranth.py"),
     # the overlapped issue (docs/prefetch.md)
-    _m("hdl", "hdl/chip.py", "self.imem_addr.eq(pc + Mux(st == SeqState.WAIT, 2, st == SeqState.ISSUE))",
-       "self.imem_addr.eq(pc + Mux(st == SeqState.WAIT, 1, st == SeqState.ISSUE))",
-       "prefetch: in WAIT the read-ahead address is pc + 1 (after an overlapped issue nxt takes the word just "
-       "issued, which then runs twice)", "tests/test_prefetch.py::test_the_rtl_issues_in_the_done_cycle"),
-    _m("hdl", "hdl/chip.py", "m.d.sync += issue.eq(self.imem_data)        # the word at pc + 1",
-       "pass", "prefetch: ISSUE does not read the next word (the first overlapped issue repeats the first "
-       "instruction)", "tests/test_prefetch.py::test_r1_and_random_programs_on_the_chip"),
+    _m("hdl", "hdl/chip.py", "ins.eq(issue), issue.eq(self.imem_data), ahead.eq(pc + 3)]",
+       "ins.eq(issue), issue.eq(self.imem_data), ahead.eq(pc + 2)]",
+       "prefetch: after an overlapped issue the read-ahead address is pc + 1 (the next overlapped issue takes "
+       "the word just issued again, which runs twice)", "tests/test_prefetch.py::test_the_rtl_issues_in_the_done_cycle"),
+    _m("hdl", "hdl/chip.py", "m.d.sync += [issue.eq(self.imem_data), ahead.eq(pc + 2)]     # the word at pc + 1",
+       "m.d.sync += ahead.eq(pc + 2)", "prefetch: ISSUE does not read the next word (the first overlapped issue "
+       "repeats the first instruction)", "tests/test_prefetch.py::test_r1_and_random_programs_on_the_chip"),
     _m("hdl", "hdl/chip.py", "overlap = overlap & ~failed", "overlap = overlap",
        "prefetch: a failed GATHER/SCATTER's done cycle still issues the next instruction (the error stop runs "
        "one instruction more)", "tests/test_prefetch.py::test_an_error_stop_on_a_prefetch_chip"),
