@@ -27,7 +27,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from host import tiny_lm as T
 from host.batch import BatchRunner
-from host.engine import decode_alone
+from host.engine import Engine, decode_alone
+from host.serving.service import Accepted, Completion, EngineService, Failed, Finished, Token
 from sim.backends.reference import ReferenceMachine
 from sim.serve import build_parser
 from sim.serving.http_serve import make_server
@@ -365,6 +366,50 @@ def test_past_the_queue_bound_a_request_gets_429_with_retry_after(tmp_path):
                         assert (st.running, st.waiting) == (1, 1)
         m = metrics(url)
         assert m["ga2:requests_rejected_queue_full_total", ()] == 1
+
+
+# ---- the service alone: failures -----------------------------------------------------------------------------
+
+@pytest.mark.timeout(60)
+def test_a_broken_engine_fails_every_request_and_a_broken_replay_still_logs_and_drains(tmp_path):
+    class Breaking(ReferenceMachine):
+        runs = 0
+
+        def run(self, *args, **kw):
+            Breaking.runs += 1
+            if Breaking.runs > 12:
+                raise RuntimeError("the chip is gone")
+            return super().run(*args, **kw)
+
+    def verify(r):
+        if r["tokens"][0] == T.f_next(5):
+            raise ValueError("no replay for this one")
+        return True
+    log = tmp_path / "log.jsonl"
+    svc = EngineService(Engine(M, Breaking(), window=8), log_path=str(log), replay=lambda r: ["replay"],
+                        verify=verify).start()
+
+    async def until_end(c):
+        stream, events = svc.submit(c), []
+        while not stream.ended:
+            events += await asyncio.wait_for(stream.next_events(), WAIT)
+        return events
+
+    async def scenario():
+        a = await until_end(Completion((3,), 2))
+        b = await until_end(Completion((5,), 2))
+        c = await until_end(Completion((3,), 50))          # the backend breaks under this one
+        return a, b, c, await until_end(Completion((3,), 2))
+    a, b, c, d = asyncio.run(scenario())
+    assert [type(ev) for ev in a] == [Accepted, Token, Token, Finished] and isinstance(b[-1], Finished)
+    assert isinstance(c[0], Accepted) and isinstance(c[-1], Failed) and "the chip is gone" in c[-1].message
+    assert [type(ev) for ev in d] == [Failed] and not svc.healthy
+    assert svc.drain(WAIT)
+    lines = [json.loads(x) for x in log.read_text().splitlines()]
+    assert [("error" in x, x["prompt"] if "prompt" in x else None) for x in lines] == [(False, [3]), (True, None)]
+    assert lines[0]["choices"][0]["identical"] is True and "no replay" in lines[1]["error"]
+    st = svc.stats()
+    assert (st.replays_checked, st.replays_differ) == (2, 1)
 
 
 # ---- the command --------------------------------------------------------------------------------------------

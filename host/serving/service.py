@@ -429,6 +429,13 @@ class EngineService(CompletionService):
             rid, live = item
             try:
                 line = self._log_line(rid, live)
+            except Exception as exc:        # a failed replay must not stop the log (nor the drain waiting on it)
+                traceback.print_exc()
+                line = {"id": live.c.tag, "request": rid, "error": f"{type(exc).__name__}: {exc}".splitlines()[0]}
+                with self._stats_lock:      # not shown identical: counted as differing
+                    self._stats.replays_checked += live.c.n
+                    self._stats.replays_differ += live.c.n
+            try:
                 if self._log is not None:
                     self._log.write(json.dumps(line) + "\n")
                     self._log.flush()
