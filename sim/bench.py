@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import random
 import sys
 import time
@@ -365,23 +366,27 @@ def loadgen_options(p) -> None:
                    help="write the summary and every request (prompt, tokens, times, error) as JSON (default: none)")
     g.add_argument("--png", type=output_file, default=None, metavar="PATH",
                    help="draw the latency distribution (TTFT, TPOT, end-to-end) to PATH (default: none)")
+    from sim.serving.http_serve import API_KEY_ENV
     g.add_argument("--api-key", default=None, metavar="KEY",
-                   help="send Authorization: Bearer KEY (the server's --api-key; default: none)")
+                   help=f"send Authorization: Bearer KEY (the server's --api-key; default: the environment variable "
+                        f"{API_KEY_ENV}, as the server's, else none)")
 
 
 def serve_load(a, out=None) -> int:
     """``--serve --url``: ``ga2 serve``'s trace sent to the server at ``a.url`` (`host.serving.loadgen`); prints
     the percentiles and the errors, writes --json and --png; exit status 1 if a request failed."""
     from host.serving import loadgen as L
+    from sim.serving.http_serve import API_KEY_ENV
     out = out or sys.stdout
     d = LOADGEN_DEFAULTS
+    key = a.api_key if a.api_key is not None else os.environ.get(API_KEY_ENV) or None
     n, rate, seed = (d[k] if getattr(a, k) is None else getattr(a, k) for k in ("requests", "rate", "seed"))
     plen, glen, share = (d[k] if getattr(a, k) is None else getattr(a, k)
                          for k in ("prompt_len", "gen_len", "prefix_share"))
     if a.png:
         pyplot("--png")                 # a missing matplotlib is said before any request is sent
     try:
-        model = L.probe(a.url, a.api_key)
+        model = L.probe(a.url, key)
     except L.LoadGenError as e:
         raise UsageError(str(e)) from None
     prompts = L.trace_prompts(n, seed, plen, glen, share)
@@ -391,7 +396,7 @@ def serve_load(a, out=None) -> int:
           f"trace of seed {seed}: prompts {plen[0]}:{plen[1]} tokens, max_tokens {glen[0]}:{glen[1]}, prefix "
           f"share {share:g}", file=out)
     with Progress(f"requests to {a.url}", unit="request") as bar:
-        records, duration = L.run_load(a.url, prompts, times, model, a.api_key, progress=bar)
+        records, duration = L.run_load(a.url, prompts, times, model, key, progress=bar)
     s = L.summarize(records, duration)
     for line in L.report_lines(s):
         print(line, file=out)

@@ -186,3 +186,42 @@ def test_command_refuses_in_one_line(capsys, tmp_path):
         code, out, err = _ga2(capsys, "bench", *argv)
         assert code == 2 and out == "" and err.startswith(start) and err.count("\n") == 1, (argv, err)
     assert not list(tmp_path.iterdir())
+
+
+# ---- against the real server -----------------------------------------------------------------------------
+
+@pytest.mark.timeout(180)
+def test_the_load_generator_against_the_server_every_request_equal_alone(capsys, tmp_path):
+    from test_http_server import running_server, log_lines
+
+    from host import tiny_lm as T
+    from host.engine import decode_alone
+    from host.serving.trace import make_trace
+    from sim.backends.reference import ReferenceMachine
+    n, seed, window = 20, 5, 8
+    jpath, png = tmp_path / "load.json", tmp_path / "load.png"
+    with running_server(["--window", str(window), "--max-batch", "8"], tmp_path) as (url, _, log):
+        code, out, err = _ga2(capsys, "bench", "--serve", "--url", url, "--requests", str(n), "--rate", "200",
+                              "--seed", str(seed), "--json", str(jpath), "--png", str(png))
+        assert code == 0, err
+        doc = json.loads(jpath.read_text())
+        records = doc["records"]
+        lines = {x["id"]: x for x in log_lines(log, n, [r["response_id"] for r in records])}
+    s = doc["summary"]
+    assert (s["requests"], s["succeeded"], s["failed"], s["errors"]) == (n, n, 0, {})
+    assert "time to first token" in out and f"{n} of {n} succeeded" in out
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    # the prompts are ga2 serve's trace of the seed; every client got its prompt's tokens alone, and the
+    # server's replay log says the same of the same request
+    trace = make_trace(n, seed)
+    m, ref = T.make_model("structured", 1), ReferenceMachine()
+    assert [(r["prompt"], r["max_tokens"]) for r in records] == [(q.prompt, q.gen) for q in trace]
+    for r in records:
+        want, _, _ = decode_alone(m, r["prompt"], r["max_tokens"], ref, window)
+        assert r["tokens"] == want and r["finish_reason"] == "length", r["id"]
+        (choice,) = lines[r["response_id"]]["choices"]
+        assert choice["tokens"] == want and choice["identical"] is True
+    # the summary is the records' own figures
+    assert s["output_tokens"] == sum(len(r["tokens"]) for r in records)
+    assert s["ttft_s"]["p50"] == L.percentile([r["ttft_s"] for r in records], 50)
+    assert s["e2e_s"]["p99"] == max(r["e2e_s"] for r in records)     # 20 values: rank ceil(19.8) = 20
