@@ -1,5 +1,5 @@
 """Campaigns on a Ray cluster: ``--cluster ADDRESS`` on `sim.verify.fuzz`, `sim.verify.mutants` and `sim.sweep` (tasks)
-and on `sim.serve --chips K` (one actor per chip, `Cluster.actors`).
+and on `sim.serve --chips K` (one actor per chip, `Cluster.spawn`).
 
 The one module of the project that knows Ray (``pip install -e '.[cluster]'``). The commands import it
 only when ``--cluster`` is given, and it imports Ray only when a `Cluster` is entered: without the option
@@ -21,6 +21,9 @@ nothing changes and Ray is never imported.
   Verilator backend keeps its models in the node's build directory under a per-model lock: the first task
   on a node that needs a model builds it, the node's other workers wait for it and reuse it (once per
   node, not once per task).
+- `Cluster.spawn` starts actors (the chips of ``sim.serve --chips K``), called a method at a time
+  (`Actor.call`). Ray does not restart an actor that dies: its next call raises `ActorLost`, and the
+  caller (the multi-chip router) moves its work to the others. `Actor.kill` is ``ray.kill``.
 
 Every node runs the same checkout of the project, installed with the ``cluster`` extra (docs/cluster.md).
 """
@@ -35,7 +38,7 @@ import time
 
 from sim.cli import CommandError, UsageError, int_range
 
-__all__ = ["LOCAL", "DEFAULT_RETRIES", "ClusterError", "address", "cluster_option", "check_cluster_args",
+__all__ = ["LOCAL", "DEFAULT_RETRIES", "ClusterError", "ActorLost", "Actor", "address", "cluster_option", "check_cluster_args",
            "Cluster", "worker_backend"]
 
 LOCAL = "local"
@@ -46,6 +49,13 @@ _ADDRESS = re.compile(r"(?P<scheme>ray://)?(?P<host>[A-Za-z0-9][A-Za-z0-9.\-]*|\
 
 class ClusterError(CommandError):
     """The cluster cannot be reached or used, or a task failed beyond its retries (the message says which)."""
+
+
+class ActorLost(ClusterError):
+    """An actor is gone: killed (`Actor.kill`, ``ray.kill``), or its worker process or node died.
+    ``reason``: Ray's error, its type and first line."""
+
+    reason = ""
 
 
 # ---- the option ---------------------------------------------------------------------------------------
@@ -332,31 +342,19 @@ class Cluster:
               f"retr{'y' if attempts - n == 1 else 'ies'}{note}; {time.monotonic() - t0:.1f} s",
               file=self.stream, flush=True)
 
-    def actors(self, cls, init_args, method: str, call_args, label: str) -> list:
+    def spawn(self, cls, init_args, label: str) -> list:
         """One Ray actor of `cls` (a plain class of the command's module) per entry of `init_args`, each
-        asked ``method(*call_args[k])`` once, all at the same time; the answers in order.
+        built with those arguments; an `Actor` for each, in order.
 
-        An actor holds one CPU while it lives and is ended as soon as its answer is in (so that K actors
-        on fewer CPUs still all run, the later ones when the earlier ones are done). An exception of the
-        actor's own code is raised here as itself.
+        The actors take no CPU of Ray's count (``num_cpus=0``) and are spread over the nodes: a caller that
+        calls them one at a time (the multi-chip router steps the chip whose clock is earliest) keeps them
+        all alive at once, more of them than the cluster has CPUs. Ray does not restart one that dies.
         """
         ray = self._ray
-        t0 = time.monotonic()
-        remote = ray.remote(_by_name(cls)).options(num_cpus=1)
-        handles = [remote.remote(*args) for args in init_args]
-        refs = [getattr(h, method).remote(*args) for h, args in zip(handles, call_args)]
-        out = []
-        try:
-            for k, ref in enumerate(refs):
-                out.append(self._result(ref, k, label))
-                ray.kill(handles[k])
-        finally:
-            for h in handles:
-                with contextlib.suppress(Exception):
-                    ray.kill(h)
-        print(f"cluster: {label}: {len(handles)} actors; {time.monotonic() - t0:.1f} s", file=self.stream,
-              flush=True)
-        return out
+        remote = ray.remote(_by_name(cls)).options(num_cpus=0, max_restarts=0, scheduling_strategy="SPREAD")
+        actors = [Actor(self, remote.remote(*args), f"{label} {k}") for k, args in enumerate(init_args)]
+        print(f"cluster: {label}: {len(actors)} actor{'s' * (len(actors) != 1)}", file=self.stream, flush=True)
+        return actors
 
     def _result(self, ref, i: int, label: str):
         ray = self._ray
@@ -370,3 +368,35 @@ class Cluster:
         except ray.exceptions.RayError as e:
             raise ClusterError(f"{label}: task {i} failed after {self.max_retries} retries: "
                                f"{type(e).__name__}: {_first_line(e)}") from e
+
+
+class Actor:
+    """One Ray actor (`Cluster.spawn`), called a method at a time.
+
+    `call` waits for the answer; an exception of the actor's own code is raised here as itself, and an
+    actor that is gone (killed, its process or node lost) raises `ActorLost` naming Ray's error."""
+
+    def __init__(self, cluster: Cluster, handle, label: str):
+        self._ray, self.handle, self.label = cluster._ray, handle, label
+        self.killed = False
+
+    def call(self, method: str, *args):
+        """``method(*args)`` on the actor; its answer."""
+        ray = self._ray
+        try:
+            return ray.get(getattr(self.handle, method).remote(*args))
+        except ray.exceptions.RayActorError as e:
+            lost = ActorLost(f"{self.label}: {type(e).__name__}: {_first_line(e)}")
+            lost.reason = f"{type(e).__name__}: {_first_line(e)}"
+            raise lost from e
+        except ray.exceptions.RayTaskError as e:
+            cause = getattr(e, "cause", None)
+            if isinstance(cause, BaseException) and not isinstance(cause, ray.exceptions.RayError):
+                raise cause from e          # the actor's own exception, as the local object raises it
+            raise ClusterError(f"{self.label}: {method} failed: {_first_line(e)}") from e
+
+    def kill(self) -> None:
+        """End the actor now (``ray.kill``: its process is killed; it is not restarted)."""
+        self.killed = True
+        with contextlib.suppress(Exception):    # already gone: nothing to end
+            self._ray.kill(self.handle, no_restart=True)

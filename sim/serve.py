@@ -136,11 +136,8 @@ def build_parser() -> Parser:
                         "chrome://tracing): the chip's tracks from the reference machine's per-instruction trace of "
                         "every program the engine runs, and an engine process with a track of steps and one per "
                         "request (waiting, prefill, decode, preempted), all in chip cycles")
-    p.add_argument("--chips", type=int_range(1, 64), default=1, metavar="K",
-                   help="serve on K chips, each with its own pool and engine, requests routed by --route "
-                        "(sim.serving.multichip); with --out, figures of throughput on 1, 2, 4 chips and of both routes")
-    p.add_argument("--route", choices=("load", "prefix"), default="load",
-                   help="with --chips: the least loaded chip, or the chip holding the longest prefix of the prompt")
+    from sim.serving.multichip import chip_options
+    chip_options(p)
     from sim.cluster import cluster_option
     cluster_option(p, "one Ray actor per chip")
     from sim.serving.http_serve import add_http_options
@@ -179,8 +176,8 @@ def main(argv=None, out=None) -> int:
     check_cluster_args(a)
     if a.http is not None:
         return main_http(a, out)
-    if a.chips > 1 or a.cluster is not None:
-        from sim.serving.multichip import main_chips
+    from sim.serving.multichip import main_chips, uses_router
+    if uses_router(a):
         return main_chips(a, out)
     from host.batch import BatchRunner
     from sim.backends.reference import ReferenceMachine

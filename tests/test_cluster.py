@@ -5,8 +5,8 @@ local run's summary line on a head started here with ``ray start --head`` on 127
 with 1 worker and with 2, and with 2 while a worker process is killed in the middle of a task: Ray runs the
 task again, and the retry is reported); failing programs (a copy of the project with a broken reference
 machine) give the local run's FAIL lines on a local runtime (``--cluster local``). A sweep on the reference
-machine and two serving chips (Ray actors) join the same head. Ray is part of the test extra, so these
-tests run wherever the suite runs.
+machine and two serving chips (Ray actors; in a second run one of them is killed) join the same head. Ray is
+part of the test extra, so these tests run wherever the suite runs.
 
 Ray starts twice in this module (each start costs tens of seconds of CPU on a loaded machine): one local
 runtime (``--cluster local``, the failing programs) and one head for the whole module (`head`, a module
@@ -283,47 +283,37 @@ def test_an_unreachable_cluster_is_one_line():
 
 # ---- serving on several chips (sim.serving.multichip) --------------------------------------------------------------
 
-def test_two_chip_actors_serve_a_trace_as_the_chips_here_and_every_request_as_alone(head, tmp_path):
-    """32 requests on 2 chips as Ray actors (on the module's head): the command's replays alone pass (every
-    request's tokens and integer logits), the JSON equals the same 2 chips run here one after the other,
-    and the aggregate tokens per million cycles is at least 1.8 times the 1-chip run's on the same trace."""
+def test_a_chip_actor_killed_mid_trace_moves_its_requests_as_the_chips_here_do(head, tmp_path):
+    """32 requests on 2 chips as Ray actors (on the module's head), chip 1's actor killed by ``ray.kill``
+    before its engine step 8 (``--kill-chip 1@8``): the lost chip's running and waiting requests are
+    computed again on chip 0, every request is answered once and equals its replay alone, and the JSON
+    equals the same run with the chips here but for why the chip was lost (Ray's ActorDiedError there).
+    Every request's tokens are those of the run without the kill. (The router's choices and the throughput
+    of 2 chips: tests/test_router.py.)"""
     import json
-    base = ["sim.serve", "--requests", "32", "--sim", "reference"]
-    one = _run(*base, "--chips", "1", "--json", str(tmp_path / "one.json"))
-    here = _run(*base, "--chips", "2", "--json", str(tmp_path / "here.json"))
-    there = _run(*base, "--chips", "2", "--cluster", f"127.0.0.1:{head[0]}", "--workers", "2",
-                 "--json", str(tmp_path / "there.json"))
-    for p in (one, here, there):
-        assert p.returncode == 0 and "replays alone: 32 of 32 requests identical" in p.stdout, p.stdout + p.stderr
-    assert "cluster: serve on 2 chips: 2 actors" in there.stderr
-    docs = [json.loads((tmp_path / f"{n}.json").read_text()) for n in ("one", "here", "there")]
-    for d in docs[1:]:
+    base = ["sim.serve", "--requests", "32", "--seed", "7", "--sim", "reference", "--chips", "2"]
+    kill = ["--kill-chip", "1@8"]
+    runs = {"plain": _run(*base, "--json", str(tmp_path / "plain.json")),
+            "here": _run(*base, *kill, "--json", str(tmp_path / "here.json")),
+            "there": _run(*base, *kill, "--cluster", f"127.0.0.1:{head[0]}", "--json", str(tmp_path / "there.json"))}
+    for p in runs.values():
+        assert p.returncode == 0, p.stdout + p.stderr[-3000:]
+        assert "answers: 32 of 32 answered once each" in p.stdout, p.stdout
+        assert "replays alone: 32 of 32 requests identical" in p.stdout, p.stdout
+    assert "cluster: chip: 2 actors" in runs["there"].stderr, runs["there"].stderr[-3000:]
+    assert "failover: chip 1 lost after 8 engine steps" in runs["there"].stdout
+    plain, here, there = (json.loads((tmp_path / f"{n}.json").read_text()) for n in runs)
+    for d in (plain, here, there):
         d.pop("run")
-    assert docs[1] == docs[2]
-    assert sorted(r["id"] for r in docs[2]["requests"]) == list(range(32))
-    assert {r["chip"] for r in docs[2]["requests"]} == {0, 1}
-    assert [c["cycles"] for c in docs[2]["per_chip"]] and docs[2]["span_cycles"] == max(
-        c["cycles"] for c in docs[2]["per_chip"])
-    assert docs[2]["tokens_generated"] == docs[0]["tokens_generated"]
-    assert docs[2]["tokens_per_mcycle"] >= 1.8 * docs[0]["tokens_per_mcycle"], (docs[2]["tokens_per_mcycle"],
-                                                                                 docs[0]["tokens_per_mcycle"])
-
-
-def test_the_routes():
-    """``prefix`` sends a prompt to the chip whose earlier prompts share the most whole pages with it;
-    ``load`` to the chip with the fewest engine steps after taking it (then the fewer rows), whatever the
-    prompt."""
-    from host.engine import Request
-    from host.serving.router import route
-    shared = [1, 2, 3, 4, 5, 6, 7, 8]
-    # rows 12, 2, 12; 2 rows a step: request 2 makes either chip need 12 steps, chip 1 has fewer rows
-    reqs = [Request(0, shared + [9], 4), Request(1, [0, 0], 1), Request(2, shared + [10], 4)]
-    assert route(reqs, 2, "prefix", page=4, max_batch=2) == [0, 1, 0]      # two shared pages
-    assert route(reqs, 2, "load", page=4, max_batch=2) == [0, 1, 1]
-    # a shared prefix shorter than a page is no reason: request 2 goes by load
-    reqs[2] = Request(2, shared[:3] + [10], 4)
-    assert route(reqs, 2, "prefix", page=4, max_batch=2) == [0, 1, 1]
-    assert route(reqs, 2, "prefix", page=2, max_batch=2) == [0, 1, 0]      # one shared page of 2 rows
-    # load alone: three chips take three equal requests, the fourth goes to the lowest index
-    same = [Request(i, [i, i], 3) for i in range(4)]
-    assert route(same, 3, "load", page=4, max_batch=4) == [0, 1, 2, 0]
+    (f_here,), (f_there,) = here["failover_events"], there["failover_events"]
+    assert f_here.pop("why").startswith("killed") and f_there.pop("why").startswith("ActorDiedError: ")
+    assert here["per_chip"][1].pop("lost").startswith("killed")
+    assert there["per_chip"][1].pop("lost").startswith("ActorDiedError: ")
+    assert here == there
+    assert f_there["chip"] == 1 and f_there["after_steps"] == 8 and f_there["killed"] and f_there["running"]
+    moved = [r for r in there["requests"] if "moved_from" in r]
+    assert sorted(r["id"] for r in moved) == f_there["moved"] and {r["chip"] for r in moved} == {0}
+    assert sorted(r["id"] for r in there["requests"]) == list(range(32))
+    assert plain["failovers"] == 0 and {r["chip"] for r in plain["requests"]} == {0, 1}
+    assert [(r["tokens"], r["logits_int"]) for r in there["requests"]] == \
+        [(r["tokens"], r["logits_int"]) for r in plain["requests"]]

@@ -96,7 +96,7 @@ def test_out_draws_throughput_and_pages(tmp_path, capsys):
     (["decode", "--prompt", "1,2", "--steps", "70", "--sim", "reference"], "the chip attends at most 64"),
     (["decode", "--prompt", "1,16"], "tokens 0..15"),
     (["serve", "--sinks", "2", "--window", "none"], "needs a window"),
-    (["serve", "--chips", "2", "--n", "2", "--stop", "0"], "--stop, --n not built for several chips yet"),
+    (["serve", "--chips", "2", "--trace", "t.json"], "--trace covers one chip's engine: not with --chips"),
     (["decode", "--temperature", "0.5"], "--stop and --temperature need --prompt"),
 ])
 def test_bad_combinations_are_one_error_line(argv, text, capsys):
