@@ -571,6 +571,12 @@ class Engine:
         s.pending = [_State(r, list(r.prompt), sample=j) for j in range(1, r.n)]
         return self._arrive(s)
 
+    def refusal(self, r: Request):
+        """Why `submit` would refuse request `r` (its one-line reason), or None; nothing changes here (a router
+        asks before it hands a request to a chip). A malformed request raises EngineError, as in `submit`."""
+        _check_request(r)
+        return self._refusal(_State(r, list(r.prompt)))
+
     def _arrive(self, s: _State) -> list:
         s.arrival_cycles = self.clock
         s.refused = self._refusal(s)
