@@ -20,7 +20,7 @@ is idle), so an instruction after another costs its B WAIT cycles only; FETCH an
 run's first instruction and for the HALT of an error stop. On the book's chip the sequencer is spec 2.2's.
 """
 
-from amaranth.hdl import Module, Mux, Signal
+from amaranth.hdl import Cat, Module, Mux, Signal
 from amaranth.lib import enum, wiring
 from amaranth.lib.wiring import In, Out, connect, flipped
 
@@ -434,7 +434,7 @@ class GA2(wiring.Component):
         for op, u in writers.items():
             mine = cur == op
             owned = owned | mine
-            h.check("owner_writes", ~u.we | mine, t["owner_writes"])
+            h.check("owner_writes", ~u.we | mine, t["owner_writes"], covers={f"{op.name} writes": u.we})
             h.check("owner_writes", ~mine | ((sp.we == u.we) & (~u.we | ((sp.waddr == u.waddr) &
                                                                          (sp.wdata == u.wdata)))),
                     t["owner_writes"])
@@ -452,8 +452,11 @@ class GA2(wiring.Component):
         dst = ins[lo:hi + 1]
         hi, lo = HW_OPERANDS[Op.LD]["len"]
         length = ins[lo:hi + 1]
-        h.check("dma_in_range", ~(sp.we & (cur == Op.LD)) | ((sp.waddr - dst)[:self.config.spad_addr_bits] < length),
-                t["dma_in_range"])
+        ld_write = sp.we & (cur == Op.LD)
+        h.check("dma_in_range", ~ld_write | ((sp.waddr - dst)[:self.config.spad_addr_bits] < length),
+                t["dma_in_range"], covers={"LD writes": ld_write,
+                                           # longer than any proof's depth: not a claim about short LDs only
+                                           "an LD of more than 256 words writes": ld_write & (length > 256)})
 
         # Counters: every FETCH, ISSUE and WAIT cycle adds 1 to cyc_total, every WAIT cycle 1 to exactly
         # one of mm/dma/vec, every completed instruction 1 to n_inst (its FETCH and ISSUE are 2 cycles).
@@ -473,9 +476,16 @@ class GA2(wiring.Component):
         else:
             seq = (self.error << 1) if self.config.gather else 0
         relation = (self.cyc_total == (seq + self.cyc_mm + self.cyc_dma + self.cyc_vec + k)[:self.config.counter_bits])
+        answered = [*every, *(MM_RQ_OPS if self.config.mm_rq else ())]
+        waits = {}
+        for cls in COUNTER_INDEX:
+            ops = [op for op in answered if COUNTER_OF[op] == cls]
+            if ops:
+                waits[f"a WAIT cycle counted in {cls}"] = (st == SeqState.WAIT) & Cat(*(cur == op for op in ops)).any()
         h.check("counters", (st == SeqState.IDLE) | relation,
-                PREFETCH_CHIP_PROPERTIES["counters"] if self.config.prefetch else t["counters"])
-        h.check("state_legal", st.as_value() <= SeqState.HALT.value, t["state_legal"])
+                PREFETCH_CHIP_PROPERTIES["counters"] if self.config.prefetch else t["counters"], covers=waits)
+        h.check("state_legal", st.as_value() <= SeqState.HALT.value, t["state_legal"],
+                covers={"HALT": st == SeqState.HALT})
 
         if self.config.prefetch:
             # the overlapped issue starts a unit only once the one before has finished
@@ -490,8 +500,9 @@ class GA2(wiring.Component):
             busy = 0
             for u in every.values():
                 busy = busy | u.busy
-            h.check("halt_quiet", (st != SeqState.HALT) | ~busy, RESIDENT_CHIP_PROPERTIES["halt_quiet"])
+            h.check("halt_quiet", (st != SeqState.HALT) | ~busy, RESIDENT_CHIP_PROPERTIES["halt_quiet"],
+                    covers={"HALT": st == SeqState.HALT, "an error stop": (st == SeqState.HALT) & self.error})
 
         was_halt = h.past(st == SeqState.HALT, "halt")
         h.check("halt_stays", ~(h.valid & was_halt) | ((st == SeqState.HALT) & self.halted),
-                t["halt_stays"])
+                t["halt_stays"], covers={"the cycle after HALT": was_halt})

@@ -8,10 +8,33 @@ the formal harness keeps the properties it proves by that prefix (Yosys ``r:FORM
 The checks are synchronous: the Assert at the edge that closes cycle t looks at the values of cycle t,
 and `History.past` registers give the values of cycle t-1. A cycle has *no valid past* when it is the
 first one or when ``rst`` was high in the cycle before it (a reset is not a transition of the design).
-"""
-from amaranth.hdl import Assert, ResetSignal, Signal, Value
 
-__all__ = ["History", "unit_protocol", "UNIT_PROPERTIES"]
+Each property also names its *triggers*: the events that make it say something (an MM write for the
+chip's ownership property, a start for a unit's contract). They become `Cover` statements, message
+``"<scope>.<name>.cover: <event>"``, only inside `covers()`: ``python -m sim.formal`` emits its targets so
+and shows each trigger reached, so that no property holds only because its trigger never happens. Outside
+it the design is its Asserts alone (the Verilog and every simulation are unchanged by the covers).
+"""
+import contextlib
+import contextvars
+
+from amaranth.hdl import Assert, Cover, ResetSignal, Signal, Value
+
+__all__ = ["History", "unit_protocol", "UNIT_PROPERTIES", "covers", "COVER_TAG"]
+
+# The cover of property "<scope>.<name>" has the message "<scope>.<name>" + COVER_TAG + " <event>".
+COVER_TAG = ".cover:"
+_COVERS = contextvars.ContextVar("ga2_property_covers", default=False)
+
+
+@contextlib.contextmanager
+def covers():
+    """Within this block, designs elaborated (``rtlil.convert`` elaborates) carry their properties' covers."""
+    token = _COVERS.set(True)
+    try:
+        yield
+    finally:
+        _COVERS.reset(token)
 
 # The start/busy/done contract that every unit (the seven of hdl/units/ and the LD engine) obeys,
 # by property name; the text is the one-line statement printed by sim.verify.formal and used in the message.
@@ -55,9 +78,17 @@ class History:
         self.m.d.sync += reg.eq(value)
         return reg
 
-    def check(self, name, holds, text):
-        """Assert `holds` at every edge; the message is ``"<scope>.<name>: <text>"``."""
+    def check(self, name, holds, text, covers=None):
+        """Assert `holds` at every edge; the message is ``"<scope>.<name>: <text>"``.
+
+        `covers` maps each trigger of the property (its event, in words) to the condition that it happens
+        in the current cycle; inside `covers()` each becomes a `Cover` of that condition in a cycle with a
+        valid past (see the module doc).
+        """
         self.m.d.sync += Assert(holds, f"{self.scope}.{name}: {text}")
+        if covers and _COVERS.get():
+            for event, happens in covers.items():
+                self.m.d.sync += Cover(self.valid & happens, f"{self.scope}.{name}{COVER_TAG} {event}")
 
 
 def unit_protocol(m, scope, start, busy, done, operands):
@@ -79,9 +110,11 @@ def unit_protocol(m, scope, start, busy, done, operands):
     p_start, p_busy, p_done = h.past(start, "start"), h.past(busy, "busy"), h.past(done, "done")
     p_opr = h.past(operands, "opr")
     fell = h.valid & p_busy & ~busy
-    h.check("done_ends_busy", ~done | fell, t["done_ends_busy"])
-    h.check("busy_drops_with_done", ~fell | done, t["busy_drops_with_done"])
-    h.check("done_one_cycle", ~(h.valid & p_done & done), t["done_one_cycle"])
-    h.check("busy_after_start", ~busy | (h.valid & (p_busy | p_start)), t["busy_after_start"])
+    h.check("done_ends_busy", ~done | fell, t["done_ends_busy"], covers={"done": done})
+    h.check("busy_drops_with_done", ~fell | done, t["busy_drops_with_done"], covers={"busy falls": fell})
+    h.check("done_one_cycle", ~(h.valid & p_done & done), t["done_one_cycle"],
+            covers={"the cycle after done": p_done})
+    h.check("busy_after_start", ~busy | (h.valid & (p_busy | p_start)), t["busy_after_start"],
+            covers={"busy rises": busy & ~p_busy})
     h.check("start_while_busy_ignored", ~(h.valid & p_start & p_busy) | (operands == p_opr),
-            t["start_while_busy_ignored"])
+            t["start_while_busy_ignored"], covers={"a start while busy": p_start & p_busy})

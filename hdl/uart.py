@@ -235,7 +235,8 @@ class UARTTx(_RatedComponent):
         m.d.comb += self.busy.eq(~fsm.ongoing("IDLE"))
 
         h = History(m, "uart")
-        h.check("tx_idle_high", self.busy | self.tx, UART_PROPERTIES["tx_idle_high"])
+        h.check("tx_idle_high", self.busy | self.tx, UART_PROPERTIES["tx_idle_high"],
+                covers={"a byte taken": self.i.valid & self.i.ready})
         return m
 
 
@@ -333,8 +334,9 @@ class UARTRx(_RatedComponent):
         waiting = h.valid & p_valid & ~p_ready
         same = self.o.valid & (self.o.payload == p_payload)
         h.check("rx_no_byte_on_framing_error", ~(h.valid & p_fe & self.o.valid) | (waiting & same),
-                UART_PROPERTIES["rx_no_byte_on_framing_error"])
-        h.check("rx_stream_stable", ~waiting | same, UART_PROPERTIES["rx_stream_stable"])
+                UART_PROPERTIES["rx_no_byte_on_framing_error"], covers={"a framing error": p_fe})
+        h.check("rx_stream_stable", ~waiting | same, UART_PROPERTIES["rx_stream_stable"],
+                covers={"a byte waits unread": waiting})
         return m
 
 

@@ -4,17 +4,24 @@ Every broken variant below breaks one rule of the unit contract or of the chip, 
 counterexample for exactly the property that states that rule (only that property is kept in the run).
 The depths are small: a counterexample of these variants is at most ~10 cycles long.
 """
+from dataclasses import replace
+
 import pytest
-from amaranth.hdl import Module, Signal
+from amaranth.hdl import Const, Module, Mux, Signal
 from amaranth.lib import wiring
+from amaranth.lib.wiring import Out
 from amaranth.sim import Simulator
 
 import hdl.chip
 from hdl.chip import GA2, SeqState
+from hdl.config import BOOK
 from hdl.isa import HW_OPERANDS, Op
+from hdl.properties import UNIT_PROPERTIES
 from hdl.units.amax import ArgmaxUnit
 from hdl.units.base import operand_bits
+from hdl.units.gather import TableWalk
 from hdl.units.ld import DMA
+from hdl.units.mm import MatrixUnit
 from hdl.units.st import StoreUnit
 from hdl.units.vadd import VaddUnit
 from sim.verify import formal
@@ -211,3 +218,124 @@ def test_only_rejects_an_unknown_name(capsys):
     assert guarded(formal.main, ["--only", "nosuch"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: --only must name") and err.count("\n") == 1
+
+
+# ---- honest reporting (issue 24 part 2): covers, inconclusive inductions, broken designs of every kind ----
+
+class NeverDone(StoreUnit):
+    """Its done never rises: done_ends_busy ("done only after busy") holds, vacuously."""
+    def elaborate(self, platform):
+        m = super().elaborate(platform)
+        m.d.sync += self.done.eq(0)         # the last assignment wins: done stays 0
+        return m
+
+
+def test_covers_are_reached_on_the_store_unit_and_not_on_one_that_never_finishes():
+    st = TARGETS["st"]
+    found, _, detail = formal.cover(st, ["done_ends_busy", "busy_after_start"], 8, TOOLS)
+    assert detail == "" and found == {"done_ends_busy": (["done"], []), "busy_after_start": (["busy rises"], [])}
+    found, _, _ = formal.cover(st, ["done_ends_busy"], 8, TOOLS, build=NeverDone)
+    assert found == {"done_ends_busy": ([], ["done"])}
+
+
+def test_covers_exist_only_inside_the_covers_block():
+    """Outside `hdl.properties.covers` the design is its Asserts alone (the Verilog does not change)."""
+    from amaranth.back import rtlil
+    from hdl.properties import covers
+    plain = rtlil.convert(StoreUnit(), name="top")
+    with covers():
+        covered = rtlil.convert(StoreUnit(), name="top")
+    assert 'FLAVOR "cover"' not in plain and covered.count('FLAVOR "cover"') == len(UNIT_PROPERTIES)
+
+
+class Wraps(wiring.Component):
+    """A 4-bit counter that counts 0..5 and starts over, every cycle. Its property "never 12" holds (12 is
+    never reached) but is not k-inductive below k = 7: the unreachable run 6, 7, ..., 11 ends in 12 (and 6
+    has no predecessor)."""
+    def __init__(self):
+        super().__init__({"count": Out(4)})
+
+    def elaborate(self, platform):
+        from hdl.properties import History
+        m = Module()
+        c = self.count
+        m.d.sync += c.eq(Mux(c == 5, 0, c + 1))
+        h = History(m, "toy")
+        h.check("never_12", c != 12, "the counter never reads 12", covers={"the counter at 2": c == 2})
+        return m
+
+
+TOY = formal.Target("toy", Wraps, {"never_12": "the counter never reads 12"}, frozenset({"never_12"}))
+
+
+def test_an_inconclusive_induction_is_unproved_and_fails_the_command(monkeypatch, capsys):
+    assert formal.prove(TOY, ["never_12"], 8, TOOLS)[0] == "proved"          # it holds: k = 8 shows it
+    monkeypatch.setattr(formal, "targets", lambda: [TOY])
+    assert formal.main(["--depth", "4"]) == 1
+    row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("toy.never_12 "))
+    assert row.split()[1:5] == ["prove", "4", "UNPROVED", "reached"]
+
+
+def test_an_unreached_cover_fails_the_command(monkeypatch, capsys):
+    """The toy counter reads 2 in its third cycle, its cover is seen an edge later: a 2-cycle bounded check
+    never saw it."""
+    bmc = formal.Target("toy", Wraps, TOY.properties)
+    monkeypatch.setattr(formal, "targets", lambda: [bmc])
+    assert formal.main(["--depth", "2"]) == 1
+    row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("toy.never_12 "))
+    assert row.split()[1:4] == ["bmc", "2", "bounded"] and "NOT REACHED" in row and \
+        row.endswith("not reached: the counter at 2")
+    assert formal.cover(bmc, ["never_12"], 4, TOOLS)[0] == {"never_12": (["the counter at 2"], [])}
+
+
+def long_rows(m, unit, opr):
+    """A table walk that ends a row one word late (word = 2**row_log2 before the next row): breaks `walk`."""
+    walk = TableWalk(m, unit, opr)
+    walk.row_end = walk.word == (Const(1, 1) << opr.row_log2)
+    return walk
+
+
+class RqcAtStart(MatrixUnit):
+    """Clears its requantizer registers at every MM start, without an RQC: breaks `rq_hold`."""
+    def elaborate(self, platform):
+        m = super().elaborate(platform)
+        with m.If(self.start & ~self.busy):
+            m.d.sync += self.rq_regs.eq(0)
+        return m
+
+
+class WideRq(MatrixUnit):
+    """Writes 128 wherever it writes: out of the int8 range a requantized word must be in (`rq_range`)."""
+    def elaborate(self, platform):
+        m = super().elaborate(platform)
+        with m.If(self.spad.we):
+            m.d.comb += self.spad.wdata.eq(128)
+        return m
+
+
+class SelfStartMM(MatrixUnit):
+    """Shows busy on ins[0] without a start."""
+    def elaborate(self, platform):
+        m = super().elaborate(platform)
+        with m.If(~self.start & self.ins[0]):
+            m.d.comb += self.busy.eq(1)
+        return m
+
+
+def test_walk_fails_on_a_gather_whose_rows_run_one_word_long(monkeypatch):
+    import hdl.units.gather as g
+    monkeypatch.setattr(g, "TableWalk", long_rows)
+    cfg = replace(BOOK, gather=1, lat=formal.CHIP_LAT)
+    assert verdict("gather", "walk", 8, build=lambda: g.GatherUnit(config=cfg), mode="bmc") == "FAIL"
+
+
+@pytest.mark.parametrize("target, prop, broken", [
+    ("mm_rq", "rq_hold", RqcAtStart),
+    ("mm_rq", "rq_range", WideRq),
+    ("mm_fast", "busy_after_start", SelfStartMM),
+])
+def test_mm_property_fails_on_broken_mm_unit(target, prop, broken):
+    # a 2 x 2 array: the same unit and properties, a smaller datapath for the solver
+    cfg = {"mm_rq": replace(BOOK, mm_rq=1, array=2), "mm_fast": replace(BOOK, mm_pack=1, mm_overlap=1, array=2)}[target]
+    assert verdict(target, prop, 4 if prop != "rq_range" else 14, build=lambda: broken(config=cfg),
+                   mode="bmc") == "FAIL"

@@ -202,13 +202,14 @@ class TableWalk:
         offset = (addr - first)[:cfg.ext_addr_bits]
         inside = offset < (Const(1, 1) << shift)
         good = listed & (page < opr.pool_pages)
-        h.check("isolation", ~valid | (good & inside), ISOLATION_PROPERTIES["isolation"])
+        h.check("isolation", ~valid | (good & inside), ISOLATION_PROPERTIES["isolation"],
+                covers={"an external access": valid})
         row_mask = (Const(1, 1) << opr.row_log2) - 1
         page_mask = (Const(1, 1) << opr.page_log2) - 1
         in_pool = (page[:cfg.ext_addr_bits] << opr.page_log2) | (self.row & page_mask)
         want = (opr.base + (in_pool << opr.row_log2) + self.word)[:cfg.ext_addr_bits]
         h.check("walk", ~self.fsm.ongoing("MOVE") | (good & (reg == want) & (self.word <= row_mask)),
-                ISOLATION_PROPERTIES["walk"])
+                ISOLATION_PROPERTIES["walk"], covers={"MOVE": self.fsm.ongoing("MOVE")})
 
 
 class GatherUnit(SpadUnit):

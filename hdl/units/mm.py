@@ -407,12 +407,15 @@ class MatrixUnit(SpadUnit):
         regs = self.rq_regs.as_value()
         was_rqc, was_ins, was_regs = h.past(self.rqc, "rqc"), h.past(self.ins, "ins"), h.past(regs, "regs")
         loaded = operand_bits(was_ins, Op.RQC)
-        h.check("rq_hold", ~h.valid | Mux(was_rqc, regs == loaded, regs == was_regs), t["rq_hold"])
+        h.check("rq_hold", ~h.valid | Mux(was_rqc, regs == loaded, regs == was_regs), t["rq_hold"],
+                covers={"RQC loads the registers": was_rqc})
         w = self.spad.wdata.as_signed()
         # the relu the word was requantized with: the registers' now, or a cycle ago through the pipeline
         relu = h.past(self.rq_regs.relu, "relu") if self._piped else self.rq_regs.relu
         in_range = (w >= Mux(relu, 0, -127)) & (w <= 127)
-        h.check("rq_range", ~(self.spad.we & opr.rq) | in_range, t["rq_range"])
+        h.check("rq_range", ~(self.spad.we & opr.rq) | in_range, t["rq_range"],
+                covers={"a requantized write": self.spad.we & opr.rq,
+                        "a requantized write with relu": self.spad.we & opr.rq & relu})
 
     def _elaborate_overlap(self, m, opr, array, wr, rd):
         """The unit of a chip with ``mm_overlap`` (docs/mm-fast.md "The schedule"): states IDLE, LOAD

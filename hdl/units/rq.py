@@ -98,4 +98,4 @@ class RequantUnit(SpadUnit):
 def check_write_in_busy(m, scope, we, busy):
     """`RQ_PIPE_PROPERTIES` as an Assert under `scope`."""
     h = History(m, scope)
-    h.check("write_in_busy", ~we | busy, RQ_PIPE_PROPERTIES["write_in_busy"])
+    h.check("write_in_busy", ~we | busy, RQ_PIPE_PROPERTIES["write_in_busy"], covers={"a write": we})

