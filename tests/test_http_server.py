@@ -459,8 +459,8 @@ def test_the_command_refuses_trace_options_with_http_and_http_options_without_it
     assert capsys.readouterr().err.strip().splitlines() == [
         "error: --requests is about the synthetic trace: not with --http (clients send the requests and their "
         "parameters)"]
-    for option, words in (("--json=x.json", "--json writes a trace run's results"), ("--chips=2", "--chips is not "
-                                                                                    "served over --http yet")):
+    for option, words in (("--json=x.json", "--json writes a trace run's results"),
+                          ("--out=x", "--out writes a trace run's results")):
         assert guarded(main, ["--http", "8123", option]) == 2
         assert words in capsys.readouterr().err
     assert guarded(main, ["--api-key", "k"]) == 2

@@ -197,3 +197,43 @@ def test_bad_chip_options_are_one_line(argv, says, capsys):
     assert guarded(main, ["--requests", "2", "--no-verify"] + argv) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and says in err and len(err.splitlines()) == 1, err
+
+
+# ---- the HTTP server through the router ------------------------------------------------------------------
+
+@pytest.mark.timeout(120)
+def test_the_http_server_serves_through_the_router_and_a_lost_chip_loses_no_stream(tmp_path):
+    """``ga2 serve --http --chips 2 --kill-chip 1@6`` (in-process, 127.0.0.1 on a free port): 16 concurrent
+    streaming clients each get exactly the tokens of their replay alone, although chip 1 is lost while it
+    runs some of them (they move to chip 0; the tokens it recomputes are not streamed again); the replay
+    log has every request identical alone; the router keeps nothing once they are answered."""
+    import asyncio
+
+    import httpx
+    from host.engine import decode_alone
+    from test_http_server import MODEL, log_lines, running_server, sse_chunks
+
+    async def one(client, url, i):
+        prompt = [(i * 7 + k) % 16 for k in range(2 + i % 5)]
+        gen = 3 + i % 6
+        r = await client.post(url + "/v1/completions", json={"model": MODEL, "prompt": prompt, "max_tokens": gen,
+                                                              "stream": True}, timeout=60)
+        assert r.status_code == 200, r.text
+        chunks = sse_chunks(r.text.splitlines())
+        got = [int(c["choices"][0]["text"], 16) for c in chunks if c["choices"] and c["choices"][0]["text"]]
+        return prompt, gen, got
+
+    async def clients(url):
+        async with httpx.AsyncClient() as client:
+            return await asyncio.gather(*[one(client, url, i) for i in range(16)])
+
+    with running_server(["--chips", "2", "--window", "8", "--kill-chip", "1@6"], tmp_path) as (url, service, log):
+        results = asyncio.run(clients(url))
+        lines = log_lines(log, 16)
+        router = service.engine.router
+        (f,) = router.failovers
+        assert f["chip"] == 1 and f["running"], f
+        assert not router.jobs and not router.answers and not router.emitted
+    for prompt, gen, got in results:
+        assert got == decode_alone(M, prompt, gen, ReferenceMachine(), 8)[0], (prompt, gen)
+    assert len(lines) == 16 and all(ch["identical"] for ln in lines for ch in ln["choices"])

@@ -43,8 +43,13 @@ a Ray actor the same way):
 - ``submit(request, at) -> dict``: the request arrives at cycle `at` (an idle chip's clock moves there);
   ``{"refused": [FinishEvent, ...], "outstanding": rows}``;
 - ``step() -> dict``: one engine step: ``{"report": StepReport, "clock": cycles, "outstanding": rows,
-  "running": [ids], "waiting": [ids], "hit_rows": rows, "preemptions": n}``;
+  "running": [ids], "waiting": [ids], "hit_rows": rows, "preemptions": n, "queried_rows": rows, "owned":
+  pages}``;
+- ``refusal(request)``: why its engine would refuse the request, or None;
 - ``abort(id)``; ``kill()`` (end the chip now: the fault ``--kill-chip`` injects); ``close()``.
+
+`RouterEngine` gives the router the engine's online interface, so that the HTTP server's
+`host.serving.service.EngineService` serves K chips as it serves one (``ga2 serve --http --chips K``).
 
 The throughput of K chips is every token generated over the makespan, the latest clock of any chip in
 chip cycles: the chips run side by side, so the run lasts as long as its slowest chip (as before the
@@ -54,8 +59,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-__all__ = ["ROUTES", "ORDERS", "STEP_CYCLES", "ChipLost", "RouterError", "EngineChip", "Router", "aggregate",
-           "shared_pages"]
+from host.engine import FinishEvent, StepReport, TokenEvent
+
+__all__ = ["ROUTES", "ORDERS", "STEP_CYCLES", "ChipLost", "RouterError", "EngineChip", "Router", "RouterEngine",
+           "aggregate", "shared_pages"]
 
 ROUTES = ("load", "prefix")
 ORDERS = ("longest", "arrival")
@@ -121,13 +128,19 @@ class EngineChip:
         refused = e.submit(request)
         return {"refused": refused, "outstanding": self.outstanding()}
 
+    def refusal(self, request):
+        """Why the engine would refuse `request` (None: it would not)."""
+        self._alive()
+        return self.engine.refusal(request)
+
     def step(self) -> dict:
         self._alive()
         e = self.engine
         report = e.step()
         return {"report": report, "clock": e.clock, "outstanding": self.outstanding(),
                 "running": sorted({s.req.id for s in e.running}), "waiting": sorted({s.req.id for s in e.waiting}),
-                "hit_rows": e.hit_rows, "preemptions": e.preemptions}
+                "hit_rows": e.hit_rows, "preemptions": e.preemptions, "queried_rows": e.queried_rows,
+                "owned": e.owned()}
 
     def abort(self, rid) -> None:
         self._alive()
@@ -193,10 +206,13 @@ class Router:
     on_event : callable, optional
         Called with ``("token", id, sample, index, token, cycle)`` for every token given (once) and
         ``("finish", id, sample, result)`` for every sample answered (once).
+    retain : bool
+        Keep every answer for `result` (False, a server that runs for ever: a request's answers and tokens
+        are forgotten once it is answered whole).
     """
 
     def __init__(self, chips, slots: int, route: str = "load", order: str = "longest", page: int = 4,
-                 policy: str = "fcfs", kills=(), on_event=None):
+                 policy: str = "fcfs", kills=(), on_event=None, retain: bool = True):
         if route not in ROUTES:
             raise ValueError(f"route must be one of {', '.join(ROUTES)}, got {route!r}")
         if order not in ORDERS:
@@ -220,11 +236,14 @@ class Router:
         self.failovers: list = []
         self.recomputed_tokens = 0
         self.given = 0                  # answers given (a "finish" event each)
+        self.retain = retain
+        self.ran = False                # whether the last `advance` ran an engine step
+        self.moved = False              # whether it ran one or lost a chip (something changed)
 
     # ---- the queue ------------------------------------------------------------------------------------
     def submit(self, r, at: int | None = None) -> None:
         """Request `r` arrived at cycle `at` (default: the router's time); it waits for a chip."""
-        if r.id in self.jobs or any(k[0] == r.id for k in self.answers):
+        if r.id in self.jobs or (r.id, 0) in self.answers:
             raise RouterError(f"request id {r.id} was given twice")
         job = _Job(r, self.now if at is None else at)
         self.jobs[r.id] = job
@@ -306,6 +325,7 @@ class Router:
         """Hand out what can start now, then run one engine step of the chip whose clock is earliest among
         those with work, unless `until` (the next arrival's cycle) comes before that step would start.
         Returns the new events (see ``on_event``)."""
+        self.ran = self.moved = False
         events = self._dispatch()
         while True:
             work = [c for c in self.live() if c.assigned]
@@ -326,21 +346,24 @@ class Router:
             del self.kills[c.index]
             self.killed[c.index] = c.steps
             c.handle.kill()
+        self.ran = False
+        self.moved = True
         try:
             out = c.handle.step()
         except ChipLost as e:
             self._lose(c, e)
             return events
         rep = out["report"]
-        if not rep.ran:
-            raise RouterError(f"chip {c.index} holds requests {sorted(c.assigned)[:20]} but runs no step")
-        c.clock, c.steps = out["clock"], c.steps + 1
+        self.ran = rep.ran
+        c.clock, c.steps = out["clock"], c.steps + rep.ran
         c.busy_cycles += rep.cycles
         c.outstanding, c.status = out["outstanding"], out
         for t in rep.tokens:
             events += self._token(c, t)
         for f in rep.finished:
             events += self._finish(c, c.assigned[f.id], f)
+        if not rep.ran and c.assigned:      # (a step that only cancelled runs nothing)
+            raise RouterError(f"chip {c.index} holds requests {sorted(c.assigned)[:20]} but runs no step")
         return events
 
     def _token(self, c: _Chip, t) -> list:
@@ -364,12 +387,13 @@ class Router:
         if job.left == 0:
             del c.assigned[job.req.id]
             c.finished += 1
-            self.jobs.pop(job.req.id, None)
         res = dict(f.result)
         if key in self.answers:          # answered before its chip was lost: the same, and not again
             prev = self.answers[key]
             if (prev.get("tokens"), prev.get("logits_int")) != (res.get("tokens"), res.get("logits_int")):
                 raise RouterError(f"request {f.id}: recomputed on chip {c.index}, it differs from its answer")
+            if job.left == 0:
+                self._settle(job)
             return []
         wait = job.dispatched - job.arrival          # in the router's queue, and on a lost chip
         for name in ("ttft_cycles", "finish_cycles"):
@@ -382,10 +406,21 @@ class Router:
         self.answers[key] = res
         self.given += 1
         c.tokens += len(res.get("tokens", ()))
+        if job.left == 0:
+            self._settle(job)
         ev = ("finish", f.id, f.sample, res)
         if self.on_event is not None:
             self.on_event(ev)
         return [ev]
+
+    def _settle(self, job: _Job) -> None:
+        """Job answered whole: it leaves the router (and, not retained, so do its answers and tokens)."""
+        rid = job.req.id
+        self.jobs.pop(rid, None)
+        if not self.retain:
+            for j in range(job.req.n):
+                self.answers.pop((rid, j), None)
+                self.emitted.pop((rid, j), None)
 
     def _lose(self, c: _Chip, why: BaseException) -> None:
         c.alive = False
@@ -401,6 +436,54 @@ class Router:
             job.chip = None
             self.queue.append(job)
         c.assigned, c.used = {}, 0
+
+    # ---- what a server needs besides ---------------------------------------------------------------
+    def refusal(self, r):
+        """Why every chip would refuse request `r` (they are alike: a live one is asked), or None."""
+        while True:
+            live = self.live()
+            if not live:
+                raise RouterError(f"every chip is lost: request {r.id} cannot be served")
+            try:
+                return live[0].handle.refusal(r)
+            except ChipLost as e:
+                self._lose(live[0], e)
+
+    def abort(self, rid) -> list:
+        """Cancel request `rid`. Waiting in the router, it is answered at once (reason abort, no token: the
+        tokens a lost chip gave it before are not its answer); on a chip, that chip cancels it before its
+        next step and its answer comes with that step. Returns the events of an answer given now."""
+        job = self.jobs.get(rid)
+        if job is None:
+            return []
+        if job.chip is not None:
+            c = self.chips[job.chip]
+            try:
+                c.handle.abort(rid)
+            except ChipLost as e:
+                self._lose(c, e)            # the job is back in the queue: answered below
+            if job.chip is not None:
+                return []
+        self.queue.remove(job)
+        events = []
+        for j in range(job.req.n):
+            if (rid, j) in self.answers:
+                continue
+            r = job.req
+            res = {"id": rid, "prompt": list(r.prompt), "gen": r.gen, "arrival": r.arrival, "aborted": None,
+                   "tokens": [], "logits_int": [], "finish_reason": "abort", "ttft_cycles": None,
+                   "finish_cycles": self.now - job.arrival, "preempted": 0, "prefix_hit_rows": 0, "rows_computed": 0,
+                   "prompt_rows_computed": 0}
+            if r.n > 1:
+                res["sample"] = j
+            self.answers[(rid, j)] = res
+            self.given += 1
+            ev = ("finish", rid, j, res)
+            if self.on_event is not None:
+                self.on_event(ev)
+            events.append(ev)
+        self._settle(job)
+        return events
 
     # ---- a whole trace --------------------------------------------------------------------------------
     def run(self, requests, step_cycles: int = STEP_CYCLES, progress=None) -> dict:
@@ -440,6 +523,86 @@ class Router:
         """Close every chip's handle (a lost one too: its proxy may hold a dead actor)."""
         for c in self.chips:
             c.handle.close()
+
+
+class RouterEngine:
+    """The online interface of `host.engine.Engine` (``start``, ``submit``, ``step``, ``abort``, ``busy`` and
+    the figures a server reads) over a `Router`, so that `host.serving.service.EngineService` serves K chips
+    as it serves one: a step is one engine step of one chip (the one whose clock is earliest), the clock
+    is the router's time, a refusal is answered at submit (a chip is asked, `Router.refusal`), and the
+    figures add up the chips' (as of each one's last step; a lost chip's stay counted).
+
+    Parameters
+    ----------
+    router : Router
+    n_pages : int
+        The chips' pages together (the KV-cache usage's denominator).
+    """
+
+    def __init__(self, router: Router, n_pages: int):
+        self.router, self.n_pages = router, n_pages
+        self.step_no = 0
+        self._answered: list = []       # events of answers given outside a step (an abort in the queue)
+
+    def start(self, retain: bool = True) -> None:
+        self.router.retain = retain
+
+    @property
+    def busy(self) -> bool:
+        return self.router.busy or bool(self._answered)
+
+    @property
+    def clock(self) -> int:
+        return self.router.now
+
+    def submit(self, r) -> list:
+        why = self.router.refusal(r)
+        if why:
+            base = {"id": r.id, "prompt": list(r.prompt), "gen": r.gen, "arrival": r.arrival, "refused": why}
+            return [FinishEvent(r.id, j, "refused", dict(base, **({"sample": j} if r.n > 1 else {})))
+                    for j in range(r.n)]
+        self.router.submit(r)
+        return []
+
+    def abort(self, rid) -> None:
+        self._answered += self.router.abort(rid)
+
+    def step(self) -> StepReport:
+        now = self.router.now
+        events, self._answered = self._answered, []
+        events += self.router.advance()
+        tokens = [TokenEvent(*ev[1:]) for ev in events if ev[0] == "token"]
+        finished = [FinishEvent(ev[1], ev[2], ev[3]["finish_reason"], ev[3]) for ev in events if ev[0] == "finish"]
+        # "ran": something moved on (an engine step, or a chip lost and its requests back in the queue)
+        report = StepReport(self.step_no, self.router.moved, tokens, finished, self.router.now - now)
+        self.step_no += self.router.ran
+        return report
+
+    @property
+    def running(self) -> list:
+        """The requests running on the chips (as of each one's last step; each has ``req``)."""
+        return [c.assigned[i] for c in self.router.live() for i in c.status.get("running", ()) if i in c.assigned]
+
+    @property
+    def waiting(self) -> list:
+        """The requests waiting in the router or in a chip's engine (each has ``req``)."""
+        run = {id(j) for j in self.running}
+        return list(self.router.queue) + [j for c in self.router.live() for j in c.assigned.values() if id(j) not in run]
+
+    def owned(self) -> int:
+        return sum(c.status.get("owned", 0) for c in self.router.live())
+
+    @property
+    def queried_rows(self) -> int:
+        return sum(c.status.get("queried_rows", 0) for c in self.router.chips)
+
+    @property
+    def hit_rows(self) -> int:
+        return sum(c.status.get("hit_rows", 0) for c in self.router.chips)
+
+    @property
+    def preemptions(self) -> int:
+        return sum(c.status.get("preemptions", 0) for c in self.router.chips)
 
 
 def aggregate(run: dict) -> dict:

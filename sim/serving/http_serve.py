@@ -25,14 +25,13 @@ import time
 from sim.cli import UsageError
 
 __all__ = ["http_address", "add_http_options", "check_http_args", "given_options", "make_server", "main_http",
-           "TRACE_OPTIONS", "OUTPUT_OPTIONS", "CHIPS_OPTIONS", "HTTP_OPTIONS", "API_KEY_ENV"]
+           "TRACE_OPTIONS", "OUTPUT_OPTIONS", "HTTP_OPTIONS", "API_KEY_ENV"]
 
 # options of `ga2 serve` that make no sense with --http: the synthetic trace (clients send the requests and
-# their parameters), a trace run's outputs, several chips (not wired to the server yet)
+# their parameters), a trace run's outputs (--chips K serves through the router, host.serving.router)
 TRACE_OPTIONS = ("--requests", "--seed", "--arrival", "--prompt-len", "--gen-len", "--prefix-share", "--stop",
                  "--temperature", "--top-k", "--n", "--priorities")
 OUTPUT_OPTIONS = ("--json", "--out", "--trace")
-CHIPS_OPTIONS = ("--chips", "--route", "--cluster", "--workers")
 # options that mean something only with --http
 HTTP_OPTIONS = ("--api-key", "--replay-log", "--max-waiting", "--max-body-bytes", "--max-prompt-tokens",
                 "--max-tokens-limit", "--max-n", "--served-model-name")
@@ -99,8 +98,7 @@ def check_http_args(a, given: set) -> None:
     for group, why in ((TRACE_OPTIONS, "is about the synthetic trace: not with --http (clients send the requests "
                                        "and their parameters)"),
                        (OUTPUT_OPTIONS, "writes a trace run's results: not with --http (the server writes its "
-                                        "replay log, --replay-log)"),
-                       (CHIPS_OPTIONS, "is not served over --http yet: the server runs one chip")):
+                                        "replay log, --replay-log)")):
         bad = [o for o in group if o in given]
         if bad:
             raise UsageError(f"{bad[0]} {why}")
@@ -116,9 +114,11 @@ def _default_log() -> str:
     return os.path.join(tempfile.gettempdir(), f"ga2-serve-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.jsonl")
 
 
-def make_server(a):
+def make_server(a, cluster=None):
     """The service (not started) and the app of parsed arguments `a`: ``(app, service, model name, replay log
-    path)``."""
+    path)``. With ``--chips K`` (or ``--cluster``, ``--order``, ``--kill-chip``) the service runs K chips behind
+    the router (`sim.serving.multichip.router_engine`), Ray actors of `cluster` (a `sim.cluster.Cluster`,
+    entered) when one is given."""
     from host.batch import BatchRunner
     from host.serving.build import make_engine, model_of
     from host.serving.results import replay_cmd, replay_mismatches
@@ -127,9 +127,13 @@ def make_server(a):
     from sim.backends import get_backend
     from sim.backends.reference import ReferenceMachine
     from sim.cli import backend_options
+    from sim.serving.multichip import router_engine, uses_router
     m = model_of(a)
-    backend = get_backend(a.sim, config=a.chip, **backend_options(a))
-    engine = make_engine(a, m, backend, contig_rows=a.max_prompt_tokens + a.max_tokens_limit - 1)
+    contig_rows = a.max_prompt_tokens + a.max_tokens_limit - 1
+    if uses_router(a):
+        engine = router_engine(a, contig_rows, cluster)
+    else:
+        engine = make_engine(a, m, get_backend(a.sim, config=a.chip, **backend_options(a)), contig_rows=contig_rows)
     runner = None if a.no_verify else \
         BatchRunner(m, ReferenceMachine(config=a.chip), a.chip.lat if a.lat is None else a.lat, a.chip)
 
@@ -147,7 +151,6 @@ def make_server(a):
 
 def main_http(a, out) -> int:
     """Serve until SIGTERM or SIGINT (see the module's docstring); 0 once drained, 1 if a replay differed."""
-    import uvicorn
     host, port = a.http
     try:
         sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
@@ -155,11 +158,26 @@ def main_http(a, out) -> int:
         sock.bind((host, port))
     except OSError as exc:
         raise UsageError(f"--http {host}:{port}: {exc.strerror or exc}") from None
-    app, service, name, log = make_server(a)
+    import contextlib
+    from sim.serving.multichip import uses_router
+    stack = contextlib.ExitStack()
+    cluster = None
+    if a.cluster is not None:
+        from sim.cluster import Cluster
+        cluster = stack.enter_context(Cluster(a.cluster, a.workers))
+    with stack:
+        return _serve_http(a, out, sock, host, make_server(a, cluster), uses_router(a))
+
+
+def _serve_http(a, out, sock, host, server_parts, chips: bool) -> int:
+    import uvicorn
+    app, service, name, log = server_parts
     service.start()
     bound = sock.getsockname()[1]
     shown = f"[{host}]" if ":" in host else host
-    print(f"GA-2 serve --http: model {name} on chip {a.chip.spec()}, mode {a.mode}, simulator {a.sim}, max batch "
+    where = (f"{a.chips} chip{'s' * (a.chips != 1)} behind the router (route {a.route}, {a.order or 'longest'} "
+             f"first{', Ray actors on ' + a.cluster if a.cluster else ''}), each " if chips else "")
+    print(f"GA-2 serve --http: model {name} on {where}chip {a.chip.spec()}, mode {a.mode}, simulator {a.sim}, max batch "
           f"{a.max_batch}, pool {a.pages} pages of {a.page} rows; listening on http://{shown}:{bound} "
           f"(/v1/completions, /v1/models, /health, /metrics); replay log {log}"
           f"{'' if a.no_verify else ' (each request replayed alone on the reference)'}", file=out, flush=True)
@@ -187,6 +205,11 @@ def main_http(a, out) -> int:
     print(f"stopped: {sum(st.finished.values())} choices finished ({reasons}), {st.refused} requests refused, "
           f"{st.generation_tokens} tokens generated in {st.chip_cycles:,} chip cycles; {checked}; replay log {log}",
           file=out, flush=True)
+    if chips:
+        from sim.serving.multichip import failover_lines
+        router = service.engine.router
+        for line in failover_lines({"failovers": router.failovers, "kills_not_reached": sorted(router.kills.items())}):
+            print(line, file=out, flush=True)
     if not service.healthy:
         print("error: the engine stopped serving (see the replay log and the 500 answers)", file=sys.stderr)
         return 1

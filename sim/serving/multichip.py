@@ -18,12 +18,12 @@ import re
 import time
 
 from host.serving.results import add_replays, replay_mismatches
-from host.serving.router import ORDERS, ROUTES, ChipLost, EngineChip, Router, RouterError, aggregate
+from host.serving.router import ORDERS, ROUTES, ChipLost, EngineChip, Router, RouterEngine, RouterError, aggregate
 from host.serving.trace import make_trace
 from sim.cli import int_range
 
-__all__ = ["ChipServer", "RemoteChip", "chip_options", "uses_router", "kill_spec", "trace_requests", "serve_chips",
-           "main_chips"]
+__all__ = ["ChipServer", "RemoteChip", "chip_options", "uses_router", "check_chip_args", "kill_spec", "trace_requests",
+           "make_chips", "serve_chips", "router_engine", "failover_lines", "main_chips"]
 
 
 def kill_spec(text: str) -> tuple:
@@ -77,21 +77,18 @@ def check_chip_args(a) -> None:
 
 class ChipServer(EngineChip):
     """One chip: the model, a backend and an engine with its own page pool, built from the parsed
-    ``sim.serve`` arguments `a` (one Ray actor per chip with ``--cluster``)."""
+    ``sim.serve`` arguments `a` (one Ray actor per chip with ``--cluster``); ``contig_rows``: the rows a
+    request reserves with ``--alloc contiguous`` (default: the longest of the trace's options); ``retain``:
+    see `host.serving.router.EngineChip`."""
 
-    def __init__(self, a):
-        from host import tiny_lm as T
-        from host.engine import Engine
+    def __init__(self, a, contig_rows: int | None = None, retain: bool = True):
+        from host.serving.build import make_engine, model_of
         from sim.backends import get_backend
-        cfg = a.chip
-        self.model = T.make_model(a.model, a.seed_model if a.seed_model is not None
-                                  else (1 if a.model == "structured" else 2))
-        engine = Engine(self.model, get_backend(a.sim, config=cfg), max_batch=a.max_batch, window=a.window,
-                        sinks=a.sinks, page=a.page, n_pages=a.pages, prefix_cache=not a.no_prefix_cache,
-                        alloc=a.alloc, contig_rows=a.prompt_len[1] + a.gen_len[1] - 1,
-                        lat=cfg.lat if a.lat is None else a.lat, config=cfg, mode=a.mode, prefill=a.prefill,
-                        max_batched_tokens=a.max_batched_tokens, policy=a.policy)
-        super().__init__(engine)
+        from sim.cli import backend_options
+        self.model = model_of(a)
+        engine = make_engine(a, self.model, get_backend(a.sim, config=a.chip, **backend_options(a)),
+                             contig_rows=contig_rows or a.prompt_len[1] + a.gen_len[1] - 1)
+        super().__init__(engine, retain)
 
     def slots(self) -> int:
         """Requests its engine runs at once."""
@@ -121,6 +118,9 @@ class RemoteChip:
     def step(self) -> dict:
         return self._call("step")
 
+    def refusal(self, request):
+        return self._call("refusal", request)
+
     def abort(self, rid) -> None:
         self._call("abort", rid)
 
@@ -141,13 +141,18 @@ def trace_requests(a) -> list:
     return reqs
 
 
+def make_chips(a, chips: int, cluster=None, contig_rows: int | None = None, retain: bool = True) -> list:
+    """`chips` chips of the options `a`: `ChipServer` objects here, or, with `cluster` (a
+    `sim.cluster.Cluster`, entered), Ray actors behind `RemoteChip`."""
+    if cluster is not None:
+        return [RemoteChip(x) for x in cluster.spawn(ChipServer, [(a, contig_rows, retain)] * chips, label="chip")]
+    return [ChipServer(a, contig_rows, retain) for _ in range(chips)]
+
+
 def serve_chips(a, chips: int, route: str, order: str, cluster=None, kills=(), progress=None) -> dict:
     """Serve the trace of `a` on `chips` chips behind the router (`route`, `order`, `kills`); with `cluster`
     (a `sim.cluster.Cluster`, entered) the chips are Ray actors. Returns `host.serving.router.Router.result`."""
-    if cluster is not None:
-        handles = [RemoteChip(x) for x in cluster.spawn(ChipServer, [(a,)] * chips, label="chip")]
-    else:
-        handles = [ChipServer(a) for _ in range(chips)]
+    handles = make_chips(a, chips, cluster)
     router = Router(handles, handles[0].slots(), route, order, a.page, a.policy, kills)
     try:
         return router.run(trace_requests(a), progress=progress)
@@ -155,7 +160,19 @@ def serve_chips(a, chips: int, route: str, order: str, cluster=None, kills=(), p
         router.close()
 
 
-def _failover_lines(run: dict) -> list:
+def router_engine(a, contig_rows: int, cluster=None):
+    """The chips of `a` (``--chips``, ``--route``, ``--order``, ``--kill-chip``) behind a router that runs for
+    ever, as an engine (`host.serving.router.RouterEngine`) for the HTTP server (``ga2 serve --http``)."""
+    check_chip_args(a)
+    handles = make_chips(a, a.chips, cluster, contig_rows, retain=False)
+    router = Router(handles, handles[0].slots(), a.route, a.order or "longest", a.page, a.policy,
+                    a.kill_chip or (), retain=False)
+    return RouterEngine(router, a.pages * a.chips)
+
+
+def failover_lines(run: dict) -> list:
+    """The lines that report `run`'s failovers (``failovers``) and the kills that never came
+    (``kills_not_reached``)."""
     lines = []
     for f in run["failovers"]:
         how = "killed by --kill-chip" if f["killed"] else "it failed"
@@ -217,7 +234,7 @@ def main_chips(a, out) -> int:
         print(f"  chip {p['chip']}: {p['requests']} requests, {p['tokens']} tokens, {p['cycles']:,} cycles "
               f"({p['steps']} engine steps, {p['busy_cycles']:,} cycles in them), {p['prefix_hit_rows']} prefix-hit "
               f"rows, {p['preemptions']} preemptions" + (f"; LOST ({p['lost']})" if "lost" in p else ""), file=out)
-    for line in _failover_lines(run):
+    for line in failover_lines(run):
         print(line, file=out)
     # every request of the trace answered, each sample once (the router refuses a second answer)
     want = {(r.id, j) for r in trace_requests(a) for j in range(r.n)}
