@@ -492,8 +492,9 @@ class GA2(wiring.Component):
             anyone_busy = 0
             for u in every.values():
                 anyone_busy = anyone_busy | u.busy
-            for u in every.values():
-                h.check("issue_quiet", ~u.start | ~anyone_busy, PREFETCH_CHIP_PROPERTIES["issue_quiet"])
+            for op, u in every.items():
+                h.check("issue_quiet", ~u.start | ~anyone_busy, PREFETCH_CHIP_PROPERTIES["issue_quiet"],
+                        covers={f"{op.name} starts": u.start})
 
         # HALT is left only by a reset.
         if self.config.gather:
