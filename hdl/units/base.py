@@ -18,10 +18,10 @@ from amaranth.lib.wiring import In, Out
 
 from hdl.config import BOOK
 from hdl.isa import HW_OPERANDS, Op, hw_operands
-from hdl.properties import unit_protocol
+from hdl.properties import UNIT_PROPERTIES, unit_protocol
 from hdl.scratchpad import SpadPort
 
-__all__ = ["Unit", "SpadUnit", "operand", "operand_layout", "operand_bits"]
+__all__ = ["Scoped", "Unit", "SpadUnit", "operand", "operand_layout", "operand_bits"]
 
 
 def operand(ins, op, name):
@@ -42,7 +42,35 @@ def operand_bits(ins, op, cfg=None):
     return Cat(operand(ins, op, name) for name in (HW_OPERANDS[op] if cfg is None else hw_operands(op, cfg)))
 
 
-class Unit(wiring.Component):
+class Scoped:
+    """Where a unit's properties live (`hdl.properties`): the one place their scope is chosen.
+
+    A unit's Asserts carry the scope (``"<scope>.<property>: ..."``) and ``sim.verify.formal`` names the
+    target that proves them by it, so a generator parameter that gives the unit another design gives it
+    another scope here (and a target there) and nowhere else. A class sets `OP`; an instance has
+    ``config``.
+    """
+
+    OP: Op = None
+
+    @classmethod
+    def scope_of(cls, cfg):
+        """The scope of this unit's properties on the chip `cfg`: its opcode's name by default."""
+        return cls.OP.name.lower()
+
+    @classmethod
+    def properties_of(cls, cfg):
+        """The properties (name -> statement) this unit has on the chip `cfg`: the unit contract
+        (`hdl.properties.UNIT_PROPERTIES`) and, in a subclass, its own."""
+        return dict(UNIT_PROPERTIES)
+
+    @property
+    def scope(self):
+        """This unit's scope: ``scope_of(self.config)``."""
+        return self.scope_of(self.config)
+
+
+class Unit(Scoped, wiring.Component):
     """Base class of the units: the ports the chip connects by name, and the start/done skeleton.
 
     A subclass sets `OP` to its opcode and adds its ports in `ports`. Its operands are latched into one
@@ -172,8 +200,9 @@ class Unit(wiring.Component):
         m.d.sync += self.done.eq(0)
 
     def check_protocol(self, m, opr):
-        """The start/busy/done contract (`hdl.properties.UNIT_PROPERTIES`) as Asserts in `m`."""
-        unit_protocol(m, self.OP.name.lower(), self.start, self.busy, self.done, opr.as_value())
+        """The start/busy/done contract (`hdl.properties.UNIT_PROPERTIES`) as Asserts in `m`, under the
+        unit's `scope`."""
+        unit_protocol(m, self.scope, self.start, self.busy, self.done, opr.as_value())
 
 
 class SpadUnit(Unit):

@@ -36,7 +36,7 @@ from hdl.properties import History
 from .base import SpadUnit, operand
 from .ld import ReadCount
 
-__all__ = ["GatherUnit", "ErrorKind", "TableWalk", "error_ports", "ROW_BITS", "ROW_WORD_BITS",
+__all__ = ["GatherUnit", "ErrorKind", "TableWalk", "Isolated", "error_ports", "ROW_BITS", "ROW_WORD_BITS",
            "ISOLATION_PROPERTIES"]
 
 ROW_BITS = 8            # lo and hi are 8-bit fields: rows 0..255
@@ -189,7 +189,7 @@ class TableWalk:
         """
         m, u, opr = self.m, self.unit, self.opr
         cfg = u.config
-        h = History(m, u.OP.name.lower())
+        h = History(m, u.scope)
         past_raddr = h.past(u.spad.raddr, "raddr")
         page = Signal(cfg.word_bits, name="iso_page")
         listed = Signal(name="iso_listed")
@@ -212,7 +212,16 @@ class TableWalk:
                 ISOLATION_PROPERTIES["walk"], covers={"MOVE": self.fsm.ongoing("MOVE")})
 
 
-class GatherUnit(SpadUnit):
+class Isolated:
+    """A unit that walks a block table (GATHER, SCATTER): its properties are the unit contract and
+    `ISOLATION_PROPERTIES` (mixed in before the unit's base class)."""
+
+    @classmethod
+    def properties_of(cls, cfg):
+        return {**super().properties_of(cfg), **ISOLATION_PROPERTIES}
+
+
+class GatherUnit(Isolated, SpadUnit):
     """GATHER: pool rows -> contiguous scratchpad words, through the block table (docs/resident.md).
 
     `SpadUnit`'s ports (``spad`` reads the table and writes the rows), LD's external read port and the

@@ -10,8 +10,11 @@ from amaranth.lib.wiring import In, Out
 
 from hdl._checks import check_int
 from hdl.config import BOOK
+from hdl.isa import Op
 from hdl.properties import unit_protocol
 from hdl.scratchpad import SpadPort
+
+from .base import Scoped
 
 __all__ = ["DMA", "ReadCount"]
 
@@ -67,7 +70,7 @@ class ReadCount:
         return (self.recvd == self.issued) | (resp_valid & ((self.recvd + 1)[:self.width] == self.issued))
 
 
-class DMA(wiring.Component):
+class DMA(Scoped, wiring.Component):
     """Block-read DMA with one outstanding request per cycle and fixed-latency responses: the LD unit.
 
     Its operands come in as ports (``dst``, ``src``, ``length``: the chip slices them from the
@@ -114,10 +117,12 @@ class DMA(wiring.Component):
         If `aw` or `xw` is not an integer of at least 1.
     """
 
+    OP = Op.LD
     READS = False
     WRITES = True
 
     def __init__(self, aw=None, xw=None, *, config=BOOK):
+        self.config = config
         aw = config.spad_addr_bits if aw is None else aw
         xw = config.ext_addr_bits if xw is None else xw
         check_int(self, "aw", aw, 1)
@@ -177,5 +182,5 @@ class DMA(wiring.Component):
                         m.d.sync += self.done.eq(1)
                         m.next = "IDLE"
         m.d.comb += self.busy.eq(~fsm.ongoing("IDLE"))
-        unit_protocol(m, "ld", self.start, self.busy, self.done, Cat(src_r, dst_r, len_r))
+        unit_protocol(m, self.scope, self.start, self.busy, self.done, Cat(src_r, dst_r, len_r))
         return m

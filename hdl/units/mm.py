@@ -56,13 +56,13 @@ from amaranth.lib.wiring import In, Out
 from hdl.config import BOOK
 
 from hdl.isa import Op
-from hdl.properties import History, unit_protocol
+from hdl.properties import History
 from hdl.requant import Requantizer
 from hdl.scratchpad import SpadPort
 from hdl.systolic import SystolicArray
 
 from .base import SpadUnit, operand, operand_bits, operand_layout
-from .rq import check_write_in_busy
+from .rq import RQ_PIPE_PROPERTIES, check_write_in_busy
 
 __all__ = ["MatrixUnit", "MM_RQ_PROPERTIES", "packed_column"]
 
@@ -316,21 +316,28 @@ class MatrixUnit(SpadUnit):
         else:
             m.d.comb += self.spad.we.eq(out_now)
 
-    def _check(self, m, opr):
-        """The unit contract (scope "mm"; "mm_rq" with the requantizer's properties on an mm_rq chip,
-        "mm_rq_pipe" on one with rq_pipe too, "mm_fast" on an mm_pack or mm_overlap chip without it)."""
-        cfg = self.config
+    @classmethod
+    def scope_of(cls, cfg):
+        """"mm"; "mm_rq" on an mm_rq chip, "mm_rq_pipe" on one with rq_pipe too; "mm_fast" on an mm_pack or
+        mm_overlap chip without mm_rq."""
         if cfg.mm_rq:
-            # the unit contract under the scope "mm_rq" (or "mm_rq_pipe"), and the requantizer's properties
-            scope = "mm_rq_pipe" if self._piped else "mm_rq"
-            unit_protocol(m, scope, self.start, self.busy, self.done, opr.as_value())
-            self._check_rq(m, opr, scope)
+            return "mm_rq_pipe" if cfg.rq_pipe else "mm_rq"
+        return "mm_fast" if cfg.mm_pack or cfg.mm_overlap else "mm"
+
+    @classmethod
+    def properties_of(cls, cfg):
+        """The unit contract; with mm_rq the requantizer's `MM_RQ_PROPERTIES`, and with rq_pipe too
+        `hdl.units.rq.RQ_PIPE_PROPERTIES`."""
+        return {**super().properties_of(cfg), **(MM_RQ_PROPERTIES if cfg.mm_rq else {}),
+                **(RQ_PIPE_PROPERTIES if cfg.mm_rq and cfg.rq_pipe else {})}
+
+    def _check(self, m, opr):
+        """`properties_of`'s properties as Asserts, under the unit's `scope`."""
+        self.check_protocol(m, opr)
+        if self.config.mm_rq:
+            self._check_rq(m, opr, self.scope)
             if self._piped:
-                check_write_in_busy(m, scope, self.spad.we, self.busy)
-        elif cfg.mm_pack or cfg.mm_overlap:
-            unit_protocol(m, "mm_fast", self.start, self.busy, self.done, opr.as_value())
-        else:
-            self.check_protocol(m, opr)
+                check_write_in_busy(m, self.scope, self.spad.we, self.busy)
 
     @staticmethod
     def _out_walk(m, opr, mi, ni, orow, oaddr, last):

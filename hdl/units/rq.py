@@ -18,7 +18,7 @@ W(k+1) and its word is in the read register in W(k+2).
 from amaranth.hdl import Module, Mux, Signal, signed
 
 from hdl.isa import Op
-from hdl.properties import History, unit_protocol
+from hdl.properties import History
 from hdl.requant import Requantizer
 
 from .base import SpadUnit
@@ -85,14 +85,21 @@ class RequantUnit(SpadUnit):
         finishes). Returns (i, j, v)."""
         return self.one_pass(m, opr, n, drain=True)
 
+    @classmethod
+    def scope_of(cls, cfg):
+        """``rq``, or ``rq_pipe`` for the piped unit (an rq_pipe chip)."""
+        return "rq_pipe" if cfg.rq_pipe else "rq"
+
+    @classmethod
+    def properties_of(cls, cfg):
+        """The unit contract, and `RQ_PIPE_PROPERTIES` on an rq_pipe chip."""
+        return {**super().properties_of(cfg), **(RQ_PIPE_PROPERTIES if cfg.rq_pipe else {})}
+
     def _check(self, m, opr):
-        """The unit contract: scope ``rq``, or ``rq_pipe`` for the piped unit (sim.verify.formal's
-        target of that name)."""
+        """The unit contract, and the piped unit's `RQ_PIPE_PROPERTIES`, under its `scope`."""
+        self.check_protocol(m, opr)
         if self.config.rq_pipe:
-            unit_protocol(m, "rq_pipe", self.start, self.busy, self.done, opr.as_value())
-            check_write_in_busy(m, "rq_pipe", self.spad.we, self.busy)
-        else:
-            self.check_protocol(m, opr)
+            check_write_in_busy(m, self.scope, self.spad.we, self.busy)
 
 
 def check_write_in_busy(m, scope, we, busy):

@@ -19,13 +19,13 @@ from amaranth.hdl import Module, Mux, Signal
 
 from hdl.isa import Op
 
-from .gather import TableWalk, error_ports
+from .gather import Isolated, TableWalk, error_ports
 from .st import StoreUnit
 
 __all__ = ["ScatterUnit"]
 
 
-class ScatterUnit(StoreUnit):
+class ScatterUnit(Isolated, StoreUnit):
     """SCATTER: contiguous scratchpad words -> their pool slots, through the block table.
 
     `StoreUnit`'s ports (``spad`` reads the table and the words; ``wr_*`` is the external write port)

@@ -16,7 +16,6 @@ from amaranth.hdl import Module, Mux, Signal, signed
 from amaranth.lib.wiring import Out
 
 from hdl.isa import Op
-from hdl.properties import unit_protocol
 from hdl.scratchpad import SpadPort
 
 from .base import SpadUnit
@@ -52,13 +51,10 @@ class VaddUnit(SpadUnit):
         self.check_protocol(m, opr)
         return m
 
-    def check_protocol(self, m, opr):
-        """The unit contract; with two read ports under the scope "vadd_ports" (`sim.verify.formal`'s
-        target of that unit: the book's unit keeps "vadd")."""
-        if self.config.vadd_ports == 2:
-            unit_protocol(m, "vadd_ports", self.start, self.busy, self.done, opr.as_value())
-        else:
-            super().check_protocol(m, opr)
+    @classmethod
+    def scope_of(cls, cfg):
+        """``vadd``, or ``vadd_ports`` for the unit with two read ports (the book's unit keeps "vadd")."""
+        return "vadd_ports" if cfg.vadd_ports == 2 else "vadd"
 
     def saturated_sum(self, m, a, b):
         """clamp(a + b, -127, 127) of two int8 values, as a signed 8-bit signal."""

@@ -64,6 +64,24 @@ CHIP_TARGETS = ("chip", "prefetch")
 UNIT_DEPTH = 20
 CHIP_LAT = 2
 
+
+def _unit_chips():
+    """The chips whose units `targets` proves, one design of a unit after another: the book's; a gather
+    chip (GATHER and SCATTER, the isolation properties; its error tail timed for LAT = CHIP_LAT); the MM
+    unit with its output requantizer (docs/fused-rq.md), with packed B and overlapped phases
+    (docs/mm-fast.md); the requantizer's pipeline register in the RQ unit and in the fused, overlapped MM
+    unit (docs/rq-pipe.md, where a fused MM takes the cycle LAST); the two-port VADD (docs/vadd-ports.md).
+    Every unit of the presets has its scope among theirs (tests/test_formal.py)."""
+    from dataclasses import replace
+
+    from hdl.config import BOOK
+    return (BOOK, replace(BOOK, gather=1, lat=CHIP_LAT), replace(BOOK, mm_rq=1),
+            replace(BOOK, mm_pack=1, mm_overlap=1), replace(BOOK, rq_pipe=1),
+            replace(BOOK, mm_rq=1, mm_overlap=1, rq_pipe=1), replace(BOOK, vadd_ports=2))
+
+
+UNIT_CHIPS = _unit_chips()
+
 # Cover depths of the prove-mode properties where the proof's depth is too short for a trigger: a SCATTER job
 # ends after its lookups, a word and its write; the UART (25 MHz, 3 Mbaud: 8.3 cycles a bit) receives a
 # frame, framing error or byte, in about 90 cycles.
@@ -180,57 +198,24 @@ class ChipEnv(wiring.Component):
 
 
 def targets() -> list[Target]:
-    """Every target: the seven units, the LD engine and the chip, in that order."""
+    """Every target: the units (each scope of `UNIT_CHIPS`' units), the chips, the UART, in that order."""
     from hdl.chip import CHIP_PROPERTIES
-    from hdl.properties import UNIT_PROPERTIES
-    from hdl.units.amax import ArgmaxUnit
-    from hdl.units.ld import DMA
-    from hdl.units.mm import MatrixUnit
-    from hdl.units.rq import RequantUnit
-    from hdl.units.sm import SoftmaxUnit
-    from hdl.units.st import StoreUnit
-    from hdl.units.unpack import UnpackUnit
-    from hdl.units.vadd import VaddUnit
+    from hdl.units import unit_classes
 
-    units = [StoreUnit, MatrixUnit, RequantUnit, SoftmaxUnit, VaddUnit, ArgmaxUnit, UnpackUnit]
-    every = frozenset(UNIT_PROPERTIES)
-    out = [Target(cls.OP.name.lower(), cls, UNIT_PROPERTIES, every) for cls in units]
-    out.append(Target("ld", DMA, UNIT_PROPERTIES, every))     # the book's DMA: widths from its configuration
-    # The resident mode's units (docs/resident.md) on a gather=1 chip, with the isolation property: every
-    # request or write inside the pool page of an entry read from the table, below pool_pages.
-    # The chip they are built for: the book's with gather=1, its error tail timed for LAT = CHIP_LAT.
+    # A unit target per scope: each unit's `scope_of` names the scope its Asserts carry on a chip, so the
+    # first chip of UNIT_CHIPS that gives a unit a scope builds that scope's target, with the unit's
+    # `properties_of` on it, all by k-induction.
+    out, seen = [], set()
+    for cfg in UNIT_CHIPS:
+        for cls in unit_classes(cfg).values():
+            scope = cls.scope_of(cfg)
+            if scope not in seen:
+                seen.add(scope)
+                props = cls.properties_of(cfg)
+                out.append(Target(scope, lambda cls=cls, cfg=cfg: cls(config=cfg), props, frozenset(props)))
     from dataclasses import replace
 
     from hdl.config import BOOK
-    from hdl.units.gather import ISOLATION_PROPERTIES, GatherUnit
-    from hdl.units.scatter import ScatterUnit
-    resident = replace(BOOK, gather=1, lat=CHIP_LAT)
-    for cls in (GatherUnit, ScatterUnit):
-        out.append(Target(cls.OP.name.lower(), lambda cls=cls: cls(config=resident),
-                          {**UNIT_PROPERTIES, **ISOLATION_PROPERTIES}, every | frozenset(ISOLATION_PROPERTIES)))
-    # The MM unit with its output requantizer (a chip with mm_rq=1, docs/fused-rq.md): the unit contract
-    # (scope mm_rq) and the requantizer's register and output range.
-    from hdl.units.mm import MM_RQ_PROPERTIES
-    fused = replace(BOOK, mm_rq=1)
-    out.append(Target("mm_rq", lambda: MatrixUnit(config=fused), {**UNIT_PROPERTIES, **MM_RQ_PROPERTIES},
-                      every | frozenset(MM_RQ_PROPERTIES)))
-    # The faster MM unit (docs/mm-fast.md): packed B and overlapped phases, the unit contract (scope
-    # mm_fast).
-    fast_mm = replace(BOOK, mm_pack=1, mm_overlap=1)
-    out.append(Target("mm_fast", lambda: MatrixUnit(config=fast_mm), UNIT_PROPERTIES, every))
-    # The requantizer's pipeline register (docs/rq-pipe.md): the RQ unit and the fused MM unit (overlapped,
-    # where a fused MM takes the cycle LAST) of an rq_pipe chip, the unit contract and write_in_busy.
-    from hdl.units.rq import RQ_PIPE_PROPERTIES
-    piped = replace(BOOK, rq_pipe=1)
-    out.append(Target("rq_pipe", lambda: RequantUnit(config=piped), {**UNIT_PROPERTIES, **RQ_PIPE_PROPERTIES},
-                      every | frozenset(RQ_PIPE_PROPERTIES)))
-    fused_piped = replace(BOOK, mm_rq=1, mm_overlap=1, rq_pipe=1)
-    out.append(Target("mm_rq_pipe", lambda: MatrixUnit(config=fused_piped),
-                      {**UNIT_PROPERTIES, **MM_RQ_PROPERTIES, **RQ_PIPE_PROPERTIES},
-                      every | frozenset(MM_RQ_PROPERTIES) | frozenset(RQ_PIPE_PROPERTIES)))
-    # The VADD unit with two read ports (docs/vadd-ports.md): the unit contract (scope vadd_ports).
-    two_ports = replace(BOOK, vadd_ports=2)
-    out.append(Target("vadd_ports", lambda: VaddUnit(config=two_ports), UNIT_PROPERTIES, every))
     # On the chip, induction succeeds only for the state facts: ownership and the LD range need the units'
     # internal invariants (not inductive alone), and yices does not close the counters' 32-bit adder
     # identity by induction within minutes; those three are bounded model checks from reset.

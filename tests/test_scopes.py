@@ -1,0 +1,34 @@
+"""Each unit's assertion scope is chosen in one place (`hdl.units.base.Scoped.scope_of`, issue 24 part 4):
+on every preset chip the Asserts of each unit are exactly its `properties_of` under that scope, and
+``sim.verify.formal`` has a target of that name proving the same properties.
+"""
+import re
+
+import pytest
+from amaranth.back import rtlil
+
+from hdl.config import PRESETS
+from hdl.units import unit_classes
+from sim.verify import formal
+
+_ASSERT = re.compile(r'parameter \\FORMAT "([a-z_0-9]+)\.([a-z_0-9]+): ')
+
+
+def asserted(design):
+    """{scope: {property}} of the Asserts in `design`'s RTLIL (covers and other cells left out)."""
+    out = {}
+    for scope, prop in _ASSERT.findall(rtlil.convert(design, name="top")):
+        out.setdefault(scope, set()).add(prop)
+    return out
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("preset", sorted(PRESETS))
+def test_unit_asserts_are_under_the_scope_the_unit_chooses(preset):
+    cfg = PRESETS[preset]
+    targets = {t.name: t for t in formal.targets()}
+    for op, cls in unit_classes(cfg).items():
+        scope, props = cls.scope_of(cfg), cls.properties_of(cfg)
+        assert asserted(cls(config=cfg)) == {scope: set(props)}, (preset, op)
+        assert scope in targets, (preset, op, scope)
+        assert targets[scope].properties == props, (preset, op, scope)
