@@ -16,7 +16,7 @@ from collections import Counter
 import pytest
 from amaranth.hdl import Signal
 
-from hdl.chip import CHIP_PROPERTIES, RESIDENT_CHIP_PROPERTIES
+from hdl.chip import CHIP_PROPERTIES, PREFETCH_CHIP_PROPERTIES, RESIDENT_CHIP_PROPERTIES
 from hdl.config import BOOK, PRESETS
 from hdl.isa import amax, halt, ld, st
 from hdl.properties import UNIT_PROPERTIES
@@ -71,7 +71,9 @@ def chip_property_names(cfg) -> set:
     if cfg.gather:
         units["gather"] = units["scatter"] = ISOLATION_PROPERTIES
         chip.update(RESIDENT_CHIP_PROPERTIES)
-    names = {f"chip.{p}" for p in chip}
+    if cfg.prefetch:                    # docs/prefetch.md: the chip's properties under the scope prefetch
+        chip.update(PREFETCH_CHIP_PROPERTIES)
+    names = {f"{'prefetch' if cfg.prefetch else 'chip'}.{p}" for p in chip}
     for scope, extra in units.items():
         names |= {f"{scope}.{p}" for p in {**UNIT_PROPERTIES, **extra}}
     return names
@@ -174,3 +176,12 @@ def test_assert_needs_the_verilator_simulator(capsys):
         err = capsys.readouterr().err
         assert err.startswith(f"error: --assert builds the Verilator model with the design's assertions: it needs "
                               f"--sim verilator, not --sim {sim}") and err.count("\n") == 1
+
+
+def test_the_reproduce_command_keeps_the_assertions():
+    from sim.verify.fuzz import build_parser, reproduce_command
+    cmd = reproduce_command("verilator", 7, 12, 2048, 3, chip=PRESETS["fast"], asserts=True)
+    assert cmd.endswith(" --chip fast --assert")
+    a = build_parser().parse_args(cmd.split()[3:])
+    assert a.asserts and a.sim == "verilator" and (a.first, a.count, a.ext, a.lat) == (12, 1, 2048, 3)
+    assert "--assert" not in reproduce_command("verilator", 7, 12, 2048, 3)
