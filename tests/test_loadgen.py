@@ -143,6 +143,25 @@ def test_stream_read_and_every_failure_counted():
     assert len(bodies) == 8
 
 
+@pytest.mark.timeout(60)
+def test_a_malformed_stream_is_a_counted_failure_not_a_crash():
+    # what an OpenAI-compatible server could send that is not a completion chunk: each request fails as
+    # "stream", and the run goes on to the end with every record
+    answers = [b'data: {"choices": [1]}\n\n', b'data: {"choices": "ab"}\n\n', b'data: {"choices": 5}\n\n',
+               b'data: {"choices": [{"index": 0, "text": "1", "finish_reason": []}]}\n\n']
+
+    def handle(request):
+        k = json.loads(request.content)["prompt"][0]
+        if k == len(answers):               # a body that does not decode as its Content-Encoding says
+            return httpx.Response(200, headers={"content-encoding": "gzip"}, content=b"not gzip")
+        return httpx.Response(200, content=answers[k] + b"data: [DONE]\n\n")
+    n = len(answers) + 1
+    records, _ = L.run_load("http://mock", [([k], 3) for k in range(n)], [0.0] * n, "m",
+                            transport=httpx.MockTransport(handle))
+    assert [r["error_kind"] for r in records] == ["stream"] * n, [r["error"] for r in records]
+    assert all(r["error"] for r in records)
+
+
 def test_probe_names_the_url():
     with socket.socket() as s:           # a port nothing listens on: bound, never listened
         s.bind(("127.0.0.1", 0))

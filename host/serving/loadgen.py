@@ -174,7 +174,12 @@ async def _stream(client, url, body, headers, rec, t_sent) -> None:
             now = time.perf_counter()
             if rec["response_id"] is None and chunk.get("id") is not None:
                 rec["response_id"] = str(chunk["id"])      # the server's name for it (its replay log's)
-            for choice in chunk.get("choices") or ():
+            choices = chunk.get("choices") or []
+            if not isinstance(choices, list) or not all(isinstance(c, dict) for c in choices):
+                raise _Failed("stream", f"an event whose choices are not a list of objects: {data[:60]!r}")
+            for choice in choices:
+                if not isinstance(choice.get("finish_reason"), (str, type(None))):
+                    raise _Failed("stream", f"a finish_reason that is not a string: {data[:60]!r}")
                 if choice.get("index", 0) != 0:
                     raise _Failed("stream", f"a choice of index {choice.get('index')} for a request of n=1")
                 toks = _tokens_of(choice.get("text", ""))
@@ -211,6 +216,8 @@ async def _one(client, url, model, i, prompt, max_tokens, start_at, t0, headers,
         rec["error_kind"] = "timeout"
         rec["error"] = (f"no end within {request_timeout:g} s" if isinstance(e, asyncio.TimeoutError) else
                         f"{type(e).__name__}: the server was silent too long")
+    except httpx.DecodingError as e:        # a body that is not what its Content-Encoding says
+        rec["error_kind"], rec["error"] = "stream", f"DecodingError: {str(e).splitlines()[0] if str(e) else 'bad body'}"
     except httpx.TransportError as e:
         rec["error_kind"] = "connection"
         rec["error"] = f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else 'connection lost'}"
