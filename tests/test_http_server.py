@@ -12,6 +12,7 @@ import contextlib
 import json
 import os
 import random
+import re
 import signal
 import socket
 import subprocess
@@ -39,7 +40,7 @@ HEX = "0123456789abcdef"
 # the shared server: no window (a prompt too long for the chip is refused), small bounds to test; the tests
 # replay its requests themselves (the servers of the other tests check their replay logs)
 SHARED = ["--window", "none", "--max-batch", "4", "--max-prompt-tokens", "100", "--max-tokens-limit", "64",
-          "--max-n", "4", "--max-body-bytes", "4096", "--no-verify"]
+          "--max-n", "4", "--max-body-bytes", "4096", "--body-timeout", "1", "--no-verify"]
 WAIT = 20.0                  # seconds any wait on the server may take at most
 
 
@@ -329,6 +330,58 @@ def test_each_bad_field_gets_a_400_naming_it(shared):
     assert httpx.post(url + "/v1/completions", json=completion(prompt="3", max_tokens=1), timeout=WAIT).status_code == 200
 
 
+def _raw_request(url, head: bytes, body: bytes = b"") -> socket.socket:
+    """A socket that sent `head` (the request line and headers) and `body` to the server at `url`."""
+    host, port = url.removeprefix("http://").split(":")
+    s = socket.create_connection((host, int(port)), timeout=WAIT)
+    s.sendall(head + b"\r\n\r\n" + body)
+    return s
+
+
+def _raw_answer(s: socket.socket) -> tuple:
+    """``(status, headers in lower case, body)`` of the answer on `s` (its headers, then Content-Length bytes)."""
+    data = b""
+    while b"\r\n\r\n" not in data and len(data) < 65536:
+        got = s.recv(65536)
+        assert got, f"the server closed the connection without an answer: {data!r}"
+        data += got
+    head, _, body = data.partition(b"\r\n\r\n")
+    head = head.decode("latin-1").lower()
+    size = int(re.search(r"content-length: (\d+)", head).group(1))
+    while len(body) < size:
+        got = s.recv(65536)
+        assert got, f"the answer was cut: {data!r}"
+        body += got
+    return int(head.split()[1]), head, body
+
+
+@pytest.mark.timeout(60)
+def test_hostile_bodies_unknown_routes_and_methods_get_openai_error_objects(shared):
+    url, _, _ = shared
+    # nested past the JSON parser's recursion, within max_body_bytes: a 400 naming the body, not a 500
+    r = httpx.post(url + "/v1/completions", content=b"[" * 2000 + b"]" * 2000, timeout=WAIT)
+    assert r.status_code == 400 and "nests too deeply" in r.json()["error"]["message"], r.text
+    # best_of is an integer like n (a boolean or a float is a 400, as for max_tokens)
+    for best_of in (True, 1.0):
+        r = httpx.post(url + "/v1/completions", json=completion(prompt="3", max_tokens=1, best_of=best_of),
+                       timeout=WAIT)
+        assert r.status_code == 400 and r.json()["error"]["param"] == "best_of", r.text
+    # an endpoint not served, a wrong method: OpenAI's error object too (the openai client reads its message)
+    for method, path, status in (("POST", "/v1/chat/completions", 404), ("GET", "/v1/completions", 405),
+                                 ("DELETE", "/v1/models", 405)):
+        r = httpx.request(method, url + path, timeout=WAIT)
+        err = r.json()["error"]
+        assert r.status_code == status and err["type"] == "invalid_request_error" and path in err["message"], r.text
+    assert r.headers["allow"] == "GET"
+    # a body that stops coming (slowloris) is answered 408 once --body-timeout (1 s here) has passed
+    t = time.monotonic()
+    with _raw_request(url, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                           b"Content-Length: 60", b'{"model": "ga2-') as s:
+        status, _, body = _raw_answer(s)
+    assert status == 408 and "body_timeout" in json.loads(body)["error"]["message"] and time.monotonic() - t < WAIT
+    assert httpx.post(url + "/v1/completions", json=completion(prompt="3", max_tokens=1), timeout=WAIT).status_code == 200
+
+
 @pytest.mark.timeout(120)
 def test_the_api_key_is_required_on_v1(tmp_path, monkeypatch):
     monkeypatch.setenv("GA2_API_KEY", "from-the-environment")
@@ -421,8 +474,9 @@ def _ga2(*args):
 @pytest.mark.timeout(120)
 def test_the_command_serves_until_sigterm_finishes_the_running_request_and_exits_0(tmp_path):
     log = tmp_path / "replay.jsonl"
-    proc = subprocess.Popen(_ga2("--http", "127.0.0.1:0", "--sim", "reference", "--window", "none",
-                                 "--replay-log", str(log)), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(_ga2("--http", "127.0.0.1:0", "--sim", "reference", "--window", "none", "--body-timeout",
+                                 "1", "--replay-log", str(log)), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
     try:
         line = proc.stdout.readline()
         assert "listening on http://127.0.0.1:" in line, (line, proc.stderr.read() if proc.poll() is not None else "")
@@ -430,16 +484,21 @@ def test_the_command_serves_until_sigterm_finishes_the_running_request_and_exits
         assert str(log) in line
         toks = alone([3], 20)
         want = "".join(HEX[t] for t in toks)
-        with httpx.stream("POST", url + "/v1/completions", timeout=WAIT,
-                          json=completion(prompt="3", max_tokens=20, stream=True)) as r:
+        partial = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 60"
+        # a client that goes while sending its body (no traceback on the server's stderr)
+        _raw_request(url, partial, b'{"model"').close()
+        stuck = _raw_request(url, partial, b'{"model"')     # and one whose body never ends: it must not hold the exit
+        with stuck, httpx.stream("POST", url + "/v1/completions", timeout=WAIT,
+                                 json=completion(prompt="3", max_tokens=20, stream=True)) as r:
             lines = r.iter_lines()
             assert next(lines).startswith("data: {")
             proc.send_signal(signal.SIGTERM)            # mid-stream: it stops admitting, this one finishes
             chunks = sse_chunks(list(lines))
+            out, err = proc.communicate(timeout=WAIT)   # with the stuck body's connection still open
+            assert _raw_answer(stuck)[0] == 408
         got = want[0] + "".join(c["choices"][0]["text"] for c in chunks)
         assert got == want and chunks[-1]["choices"][0]["finish_reason"] == "length"
-        out, err = proc.communicate(timeout=WAIT)
-        assert proc.returncode == 0, err
+        assert proc.returncode == 0 and "Traceback" not in err, err
         assert "replays alone: 1 of 1 identical" in out
         (entry,) = [json.loads(x) for x in log.read_text().splitlines()]
         assert entry["choices"][0]["identical"] is True and entry["choices"][0]["tokens"] == toks
@@ -452,7 +511,7 @@ def test_the_command_serves_until_sigterm_finishes_the_running_request_and_exits
 
 
 @pytest.mark.timeout(60)
-def test_the_command_refuses_trace_options_with_http_and_http_options_without_it(capsys):
+def test_the_command_refuses_trace_options_with_http_and_http_options_without_it(capsys, monkeypatch):
     from sim.cli import guarded
     from sim.serve import main
     assert guarded(main, ["--http", "127.0.0.1:0", "--requests", "5"]) == 2
@@ -468,3 +527,12 @@ def test_the_command_refuses_trace_options_with_http_and_http_options_without_it
         "error: --api-key is an option of --http (serve an HTTP API): give --http HOST:PORT"
     assert guarded(main, ["--http", "127.0.0.1:99999"]) == 2
     assert "--http must be HOST:PORT" in capsys.readouterr().err
+    # an empty key would let 'Authorization: Bearer' in; a padded one could never match (the header's is stripped)
+    for argv, words in ((["--api-key", ""], "error: --api-key is empty"),
+                        (["--api-key", " k"], "error: --api-key ' k' begins or ends with white space"),
+                        (["--served-model-name", ""], "error: --served-model-name is empty")):
+        assert guarded(main, ["--http", "127.0.0.1:0", *argv]) == 2
+        assert capsys.readouterr().err.strip().startswith(words)
+    monkeypatch.setenv("GA2_API_KEY", "k\t")
+    assert guarded(main, ["--http", "127.0.0.1:0"]) == 2
+    assert capsys.readouterr().err.strip().startswith("error: GA2_API_KEY 'k\\t' begins or ends with white space")

@@ -16,7 +16,8 @@ Endpoints (`create_app`):
 
 Bad input gets an OpenAI-style error object ``{"error": {"message", "type", "param", "code"}}`` naming
 the field: 400 for bad JSON, a bad field, a token outside 0..15, an unknown model, a prompt the chip could
-never serve (the engine's own refusal), a prompt, ``max_tokens`` or ``n`` past the server's bounds; 413 for a
+never serve (the engine's own refusal), a prompt, ``max_tokens`` or ``n`` past the server's bounds; 404 and
+405 for a path not served or a wrong method; 408 for a body that does not arrive within its time; 413 for a
 body past its bound; 401 without ``Authorization: Bearer KEY`` (or with a wrong key) when the server has an
 API key (the /v1 routes, as vLLM); 429 with ``Retry-After`` when the waiting queue is at its bound; 503
 while shutting down. A client that disconnects aborts its request (its pages return at once).
@@ -43,6 +44,8 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from starlette.exceptions import HTTPException
+from starlette.requests import ClientDisconnect
 
 from host.serving.service import (Accepted, Completion, CompletionService, Draining, Failed, Finished, QueueFull,
                                   Refused, Token)
@@ -62,11 +65,14 @@ CYCLES_BUCKETS = tuple(float(m * 10 ** e) for e in range(3, 9) for m in (1, 2, 5
 
 @dataclass(frozen=True)
 class Limits:
-    """The server's bounds on a request: its body in bytes, its prompt in tokens, ``max_tokens`` and ``n``."""
+    """The server's bounds on a request: its body in bytes, its prompt in tokens, ``max_tokens`` and ``n``, and
+    the seconds its body may take to arrive once its headers have (a client that stops sending it would
+    otherwise hold its connection, and the server's shutdown, for ever)."""
     max_body_bytes: int = 65536
     max_prompt_tokens: int = 1024
     max_tokens: int = 1024
     max_n: int = 16
+    body_timeout: float = 30.0
 
 
 class ApiError(Exception):
@@ -167,9 +173,8 @@ def parse_completion(body, model: str, limits: Limits, priority_policy: bool, ta
     prompt = _prompt(body.get("prompt"), limits)
     max_tokens = _int(body, "max_tokens", DEFAULT_MAX_TOKENS, 1, limits.max_tokens, "max_tokens")
     n = _int(body, "n", 1, 1, limits.max_n, "max_n")
-    best_of = body.get("best_of")
-    if best_of is not None and best_of != n:
-        raise ApiError(400, f"best_of must equal n ({n}) or be absent, got {json.dumps(best_of)}", "best_of")
+    if _int(body, "best_of", n) != n:
+        raise ApiError(400, f"best_of must equal n ({n}) or be absent, got {json.dumps(body['best_of'])}", "best_of")
     stream = body.get("stream", False)
     if stream is None:
         stream = False
@@ -296,16 +301,24 @@ class _Timing:
 
 # ---- the app --------------------------------------------------------------------------------------------------
 
-async def _read_body(request: Request, limit: int) -> bytes:
+async def _read_body(request: Request, limits: Limits) -> bytes:
+    limit = limits.max_body_bytes
     size = request.headers.get("content-length")
     too_big = ApiError(413, f"the request body exceeds the server's limit (max_body_bytes) of {limit} bytes")
     if size is not None and size.isdigit() and int(size) > limit:
         raise too_big
     data = bytearray()
-    async for chunk in request.stream():
-        data += chunk
-        if len(data) > limit:
-            raise too_big
+    try:
+        async with asyncio.timeout(limits.body_timeout):
+            async for chunk in request.stream():
+                data += chunk
+                if len(data) > limit:
+                    raise too_big
+    except TimeoutError:
+        raise ApiError(408, f"the request body did not arrive within the server's limit (body_timeout) of "
+                            f"{limits.body_timeout:g} s") from None
+    except ClientDisconnect:            # nobody reads the answer; raised so that nothing else runs
+        raise ApiError(400, "the client went before its body arrived") from None
     return bytes(data)
 
 
@@ -356,6 +369,12 @@ def create_app(service: CompletionService, model: str, limits: Limits = Limits()
     async def _api_error(request: Request, exc: ApiError):
         return exc.response()
 
+    @app.exception_handler(HTTPException)
+    async def _http_error(request: Request, exc: HTTPException):
+        # Starlette's own answers (a path not served, a wrong method): OpenAI's error object, not {"detail"}
+        return ApiError(exc.status_code, f"{request.method} {request.url.path}: {exc.detail}",
+                        headers=exc.headers).response()
+
     @app.get("/health")
     async def health():
         if not service.healthy:
@@ -376,11 +395,13 @@ def create_app(service: CompletionService, model: str, limits: Limits = Limits()
     async def completions(request: Request):
         authorize(request)
         t0 = time.perf_counter()
-        raw = await _read_body(request, limits.max_body_bytes)
+        raw = await _read_body(request, limits)
         try:
             body = json.loads(raw)
         except ValueError as exc:
             raise ApiError(400, f"the body is not valid JSON: {exc}") from None
+        except RecursionError:          # within max_body_bytes a body can still nest past the parser's stack
+            raise ApiError(400, "the body is not valid JSON here: it nests too deeply") from None
         cid = f"cmpl-{uuid.uuid4().hex}"
         c, stream_it, include_usage = parse_completion(body, model, limits, priority_policy, cid)
         try:

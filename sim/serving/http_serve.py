@@ -33,8 +33,8 @@ TRACE_OPTIONS = ("--requests", "--seed", "--arrival", "--prompt-len", "--gen-len
                  "--temperature", "--top-k", "--n", "--priorities")
 OUTPUT_OPTIONS = ("--json", "--out", "--trace")
 # options that mean something only with --http
-HTTP_OPTIONS = ("--api-key", "--replay-log", "--max-waiting", "--max-body-bytes", "--max-prompt-tokens",
-                "--max-tokens-limit", "--max-n", "--served-model-name")
+HTTP_OPTIONS = ("--api-key", "--replay-log", "--max-waiting", "--max-body-bytes", "--body-timeout",
+                "--max-prompt-tokens", "--max-tokens-limit", "--max-n", "--served-model-name")
 API_KEY_ENV = "GA2_API_KEY"
 
 
@@ -53,7 +53,7 @@ def http_address(text: str) -> tuple:
 
 def add_http_options(p) -> None:
     """The options of ``ga2 serve --http``."""
-    from sim.cli import int_range
+    from sim.cli import int_range, positive_seconds
     p.add_argument("--http", type=http_address, default=None, metavar="HOST:PORT",
                    help="serve an OpenAI-compatible HTTP API (POST /v1/completions, GET /v1/models, /health, "
                         "/metrics) on HOST:PORT until SIGTERM or SIGINT, instead of a synthetic trace; PORT alone "
@@ -68,6 +68,9 @@ def add_http_options(p) -> None:
                    help="with --http: requests waiting for admission at most; past it 429 with Retry-After")
     p.add_argument("--max-body-bytes", type=int_range(64, 1 << 26), default=65536, metavar="N",
                    help="with --http: the request body's bound (413 past it)")
+    p.add_argument("--body-timeout", type=positive_seconds, default=30.0, metavar="SECONDS",
+                   help="with --http: seconds a request's body may take to arrive after its headers (408 past it: a "
+                        "client that stops sending holds no connection, nor the shutdown)")
     p.add_argument("--max-prompt-tokens", type=int_range(1, 1 << 20), default=1024, metavar="N",
                    help="with --http: the prompt's bound in tokens (400 past it)")
     p.add_argument("--max-tokens-limit", type=int_range(1, 1 << 20), default=1024, metavar="N",
@@ -102,6 +105,14 @@ def check_http_args(a, given: set) -> None:
         bad = [o for o in group if o in given]
         if bad:
             raise UsageError(f"{bad[0]} {why}")
+    key, source = (a.api_key, "--api-key") if a.api_key is not None else (os.environ.get(API_KEY_ENV), API_KEY_ENV)
+    if a.api_key == "":
+        raise UsageError(f"--api-key is empty: give a key, or leave the option out (then {API_KEY_ENV}, else none)")
+    if key and key != key.strip():
+        # the header's value is read stripped, so such a key could never match
+        raise UsageError(f"{source} {key!r} begins or ends with white space: no client could send it")
+    if a.served_model_name == "":
+        raise UsageError("--served-model-name is empty: give the model's name in the API (default ga2-MODEL)")
     if a.replay_log is not None:
         from sim.cli import output_file
         try:
@@ -144,7 +155,7 @@ def make_server(a, cluster=None):
                             verify=None if runner is None else verify)
     name = a.served_model_name or f"ga2-{a.model}"
     key = a.api_key if a.api_key is not None else os.environ.get(API_KEY_ENV) or None
-    limits = Limits(a.max_body_bytes, a.max_prompt_tokens, a.max_tokens_limit, a.max_n)
+    limits = Limits(a.max_body_bytes, a.max_prompt_tokens, a.max_tokens_limit, a.max_n, a.body_timeout)
     app = create_app(service, name, limits, api_key=key, priority_policy=a.policy == "priority")
     return app, service, name, log
 
