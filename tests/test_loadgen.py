@@ -76,6 +76,11 @@ def test_check_url():
     for bad in ("127.0.0.1:8123", "ftp://h:1", "http://h:port", "http://:80", "http://h:1/?q=1", ""):
         with pytest.raises(L.LoadGenError, match="--url"):
             L.check_url(bad)
+    # credentials in the URL would go as Basic auth and be printed in every line naming the URL
+    for bad in ("http://user:s3cret@127.0.0.1:8123", "http://s3cret@h:1"):
+        with pytest.raises(L.LoadGenError, match="--api-key") as exc:
+            L.check_url(bad)
+        assert "s3cret" not in str(exc.value)
 
 
 # ---- streams and errors, against a mock transport ----------------------------------------------------

@@ -46,6 +46,10 @@ def check_url(text: str) -> str:
         _ = u.port                      # a port that is not a number raises here
     except ValueError:
         u = None
+    if u is not None and "@" in u.netloc:
+        # user:password@ would be sent as Basic auth, and printed in every line that names the URL
+        shown = text.replace(u.netloc, "***@" + u.netloc.rpartition("@")[2], 1)
+        raise LoadGenError(f"--url must not carry credentials; give the server's key with --api-key, got {shown!r}")
     if u is None or u.scheme not in ("http", "https") or not u.hostname or u.query or u.fragment:
         raise LoadGenError(f"--url must be http://HOST:PORT or https://HOST:PORT (a server's base URL), got {text!r}")
     path = u.path.rstrip("/")
