@@ -196,7 +196,8 @@ def mac_count(graph) -> int:
 
 def mode_figures(recs, ctx: int, array: int, macs: int) -> dict:
     """Cycle figures of one decode's records: the worst step at context `ctx`, its breakdown (mm, dma,
-    vec and the instruction overhead: 2 a instruction for fetch and issue, 2 for the HALT), the total and
+    vec and the sequencer's own cycles, `hdl.isa.seq_cycles`: 2 an instruction for fetch and issue and 2 for
+    the HALT on the book's chip, 2 a run on a prefetch chip), the total and
     the ratio of that step to the MAC bound (`macs` / array^2 cycles: every PE busy every cycle)."""
     at = [r for r in recs if r["ctx"] == ctx]
     worst = max(at, key=lambda r: r["counters"][0])
@@ -244,9 +245,10 @@ def compare_modes(window, steps: int, lat: int, config, out=None) -> dict:
             lr = host.load_record
             print(f"{'':>9} {'':>24} plus the load program once: {lr['counters'][0]:,} cycles, "
                   f"{lr['host_words']:,} words", file=out)
-    print("step: the worst step at that context (cycles); mm, dma, vec: busy cycles of the units; instr: 2 per "
-          "instruction (fetch, issue) + 2 for the HALT; words: host words written for the step; MAC bound: "
-          "MACs / array^2 cycles; ratio: step / MAC bound", file=out)
+    print("step: the worst step at that context (cycles); mm, dma, vec: busy cycles of the units; instr: the "
+          "sequencer's own cycles (fetch, issue: 2 per instruction + 2 for the HALT, or 2 a run on a prefetch "
+          "chip, docs/prefetch.md); words: host words written for the step; MAC bound: MACs / array^2 cycles; "
+          "ratio: step / MAC bound", file=out)
     return rows
 
 

@@ -29,7 +29,8 @@ TABLE_HELP = ("columns: step = L, the tokens in the cache after the step; ctx = 
               "attends, min(L, W); tok = the token produced; pages = pages the request holds while the step runs "
               "(its cached rows, before the new row is appended); "
               "total = the step's chip cycles; mm, dma, vec = cycles the matrix unit, the DMA engine and the vector "
-              "units were busy (one unit at a time: total = mm + dma + vec + 2 per instruction for fetch and issue + 2 for the HALT); instr = instructions executed")
+              "units were busy (one unit at a time: total = mm + dma + vec + 2 per instruction for fetch and issue + 2 for the HALT, "
+              "or + 2 a step on a prefetch chip, docs/prefetch.md); instr = instructions executed")
 
 
 def decode_options(p) -> None:
@@ -273,7 +274,8 @@ def run_decode(a, out=None):
           file=out)
     if not a.quiet:
         print("ctx: tokens attended, min(L, W); pages: held while the step runs, before its row is appended; "
-              "mm/dma/vec: busy cycles of the units (total adds 2 per instruction, fetch and issue, and 2 for HALT)", file=out)
+              "mm/dma/vec: busy cycles of the units (total adds 2 per instruction, fetch and issue, and 2 for HALT; "
+              "2 a step on a prefetch chip, docs/prefetch.md)", file=out)
     if counted is not None:
         result["check"] = {"steps": counted.runs, "words": counted.words, "identical": True}
         runs = f"{counted.runs} steps" if mode == "book" else \

@@ -566,10 +566,6 @@ def _wide_program(rng: random.Random, ext: int, lat: int, k: Knobs, cfg=BOOK) ->
     for pc, ins in enumerate(prog):
         validate(ins.word, ext_words=ext, index=pc, cfg=cfg)     # the program as meant; the junk on top
         words_out.append(_with_junk(rng, ins.word, k.junk, cfg))
-    if cfg.prefetch:
-        # a prefetch chip reads the word after the HALT ahead (docs/prefetch.md): one or two instructions
-        # there, which must never run (the reference machine stops at the HALT)
-        words_out += [getattr(g, rng.choice(_WIDE_KINDS))()[0].word for _ in range(rng.randint(1, 2))]
     return words_out, image
 
 
@@ -597,8 +593,7 @@ def random_program(rng, ext: int = 2048, knobs: Knobs | None = None, lat: int = 
         ``rq_pipe`` changes only the cycle budget's count (an RQ one cycle more, docs/rq-pipe.md); the
         knob `overlap` already places RQ's dst at src + 2, the placement the piped unit forwards. With
         ``prefetch`` (docs/prefetch.md) a wide program has bursts of 2..6 short instructions chained on
-        each other's results (every pair of units issued in each other's done cycles) and one or two
-        instructions after its HALT, which the chip reads ahead but must never run; its budget is still
+        each other's results (every pair of units issued in each other's done cycles); its budget is still
         counted at 2 + B an instruction (an upper bound there).
     """
     if not isinstance(rng, random.Random):
