@@ -251,8 +251,9 @@ def test_covers_exist_only_inside_the_covers_block():
 class Wraps(wiring.Component):
     """A 4-bit counter that counts 0..5 and starts over, every cycle. Its property "never 12" holds (12 is
     never reached) but is not k-inductive below k = 7: the unreachable run 6, 7, ..., 11 ends in 12 (and 6
-    has no predecessor)."""
-    def __init__(self):
+    has no predecessor). Its triggers: the counter at each value of `at`."""
+    def __init__(self, at=(2,)):
+        self.at = at
         super().__init__({"count": Out(4)})
 
     def elaborate(self, platform):
@@ -261,7 +262,8 @@ class Wraps(wiring.Component):
         c = self.count
         m.d.sync += c.eq(Mux(c == 5, 0, c + 1))
         h = History(m, "toy")
-        h.check("never_12", c != 12, "the counter never reads 12", covers={"the counter at 2": c == 2})
+        h.check("never_12", c != 12, "the counter never reads 12",
+                covers={f"the counter at {k}": c == k for k in self.at})
         return m
 
 
@@ -286,6 +288,14 @@ def test_an_unreached_cover_fails_the_command(monkeypatch, capsys):
     assert row.split()[1:4] == ["bmc", "2", "bounded"] and "NOT REACHED" in row and \
         row.endswith("not reached: the counter at 2")
     assert formal.cover(bmc, ["never_12"], 4, TOOLS)[0] == {"never_12": (["the counter at 2"], [])}
+
+
+def test_every_cover_reached_is_counted():
+    """Seven triggers, seven traces: more than the five SymbiYosys's log lists (its summary file has all)."""
+    every = [f"the counter at {k}" for k in range(6)] + ["the counter at 9"]
+    found, _, detail = formal.cover(formal.Target("toy", lambda: Wraps(at=(0, 1, 2, 3, 4, 5, 9)), TOY.properties),
+                                    ["never_12"], 10, TOOLS)
+    assert detail == "" and found == {"never_12": (every[:6], every[6:])}
 
 
 def long_rows(m, unit, opr):

@@ -386,13 +386,18 @@ def _run_sby(text: str, sby: str, tools: dict[str, str] | None) -> tuple[list[st
         p = subprocess.run(cmd, cwd=work, env=env, capture_output=True, text=True)
         log = p.stdout + p.stderr
         status = (work / "p" / "status").read_text().split() if (work / "p" / "status").exists() else []
+        # the complete summary (the log's stops after five traces): a file named after the verdict
+        summary = work / "p" / (status[0] if status else "")
+        if status and summary.is_file():
+            log += "\n" + summary.read_text()
     if not status and p.returncode != 0:
         log += f"\nsby exited {p.returncode}"
     return status, log, time.monotonic() - t0
 
 
-# SymbiYosys's summary line of a reached cover, naming it by its src (the message, `_label_covers`)
-_REACHED = re.compile(r"summary:\s+reached cover statement \S+ at (.*) step (\d+)\s*$", re.M)
+# A reached cover in SymbiYosys's complete summary (the file p/PASS or p/FAIL, not the log, which lists five
+# traces), named by its src: the message (`_label_covers`)
+_REACHED = re.compile(r"^\s+reached cover statement \S+ at (.*) step (\d+)\s*$", re.M)
 
 
 def cover(target: Target, props: list[str], depth: int, tools: dict[str, str] | None = None,
