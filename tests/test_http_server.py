@@ -357,7 +357,9 @@ def _raw_answer(s: socket.socket) -> tuple:
 
 @pytest.mark.timeout(60)
 def test_hostile_bodies_unknown_routes_and_methods_get_openai_error_objects(shared):
-    url, _, _ = shared
+    url, _, log = shared
+    # the replay log holds every client's prompts and tokens: readable by the server's user alone
+    assert os.stat(log).st_mode & 0o077 == 0, oct(os.stat(log).st_mode)
     # nested past the JSON parser's recursion, within max_body_bytes: a 400 naming the body, not a 500
     r = httpx.post(url + "/v1/completions", content=b"[" * 2000 + b"]" * 2000, timeout=WAIT)
     assert r.status_code == 400 and "nests too deeply" in r.json()["error"]["message"], r.text

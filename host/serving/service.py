@@ -28,6 +28,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import json
+import os
 import queue
 import threading
 import time
@@ -215,7 +216,7 @@ class EngineService(CompletionService):
     max_waiting : int
         The waiting queue's bound (requests submitted and not yet admitted): past it `submit` raises `QueueFull`.
     log_path : str or None
-        The replay log (JSON lines; created, truncated). None: no log.
+        The replay log (JSON lines; created with mode 0600, or truncated). None: no log.
     replay : callable or None
         ``replay(result) -> list of str``: the command that replays a finished choice alone (``result``
         as `host.engine.Engine.run` gives a request's).
@@ -249,7 +250,9 @@ class EngineService(CompletionService):
     def start(self) -> "EngineService":
         """Open the replay log and start the engine's and the log's threads."""
         if self.log_path is not None:
-            self._log = open(self.log_path, "w", encoding="utf-8")
+            # it holds every client's prompts and tokens: created readable by the server's user alone
+            fd = os.open(self.log_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            self._log = open(fd, "w", encoding="utf-8")
         self.engine.start(retain=False)
         self._started = True
         self._engine_thread.start()
