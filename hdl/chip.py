@@ -383,14 +383,17 @@ class GA2(wiring.Component):
                     if cfg.prefetch:
                         m.d.sync += ahead.eq(0)
             with m.Case(SeqState.FETCH):
-                m.d.sync += [ins.eq(self.imem_data), self.cyc_total.eq(self.cyc_total + 1),
+                # on a prefetch chip the ROM's word goes to `nxt` only, and `ins` takes it from there at
+                # the issue: one register behind the ROM's read port, which an FPGA's block RAM absorbs
+                # as its output register (two would leave the program memory in LUT RAM)
+                m.d.sync += [*([] if cfg.prefetch else [ins.eq(self.imem_data)]), self.cyc_total.eq(self.cyc_total + 1),
                              st.eq(SeqState.ISSUE)]
                 if cfg.prefetch:
                     m.d.sync += [issue.eq(self.imem_data), ahead.eq(pc + 1)]
             with m.Case(SeqState.ISSUE):
                 m.d.sync += self.cyc_total.eq(self.cyc_total + 1)
                 if cfg.prefetch:
-                    m.d.sync += [issue.eq(self.imem_data), ahead.eq(pc + 2)]     # the word at pc + 1
+                    m.d.sync += [issue.eq(self.imem_data), ahead.eq(pc + 2), ins.eq(issue)]     # the word at pc + 1
                 with m.If(is_halt):
                     m.d.sync += [st.eq(SeqState.HALT), self.halted.eq(1), cur.eq(CUR_NONE)]
                 with m.Else():

@@ -242,8 +242,8 @@ MUTANTS: tuple[Mutant, ...] = (
        "ins.eq(issue), issue.eq(self.imem_data), ahead.eq(pc + 2)]",
        "prefetch: after an overlapped issue the read-ahead address is pc + 1 (the next overlapped issue takes "
        "the word just issued again, which runs twice)", "tests/test_prefetch.py::test_the_rtl_issues_in_the_done_cycle"),
-    _m("hdl", "hdl/chip.py", "m.d.sync += [issue.eq(self.imem_data), ahead.eq(pc + 2)]     # the word at pc + 1",
-       "m.d.sync += ahead.eq(pc + 2)", "prefetch: ISSUE does not read the next word (the first overlapped issue "
+    _m("hdl", "hdl/chip.py", "m.d.sync += [issue.eq(self.imem_data), ahead.eq(pc + 2), ins.eq(issue)]",
+       "m.d.sync += [ahead.eq(pc + 2), ins.eq(issue)]", "prefetch: ISSUE does not read the next word (the first overlapped issue "
        "repeats the first instruction)", "tests/test_prefetch.py::test_r1_and_random_programs_on_the_chip"),
     _m("hdl", "hdl/chip.py", "overlap = overlap & ~failed", "overlap = overlap",
        "prefetch: a failed GATHER/SCATTER's done cycle still issues the next instruction (the error stop runs "
