@@ -512,6 +512,33 @@ def test_the_command_serves_until_sigterm_finishes_the_running_request_and_exits
             proc.wait(WAIT)
 
 
+@pytest.mark.timeout(120)
+def test_a_second_sigint_forces_the_exit_and_says_so(tmp_path):
+    # uvicorn's force quit skips the app's drain: the running request is cut (aborted, its log line still
+    # written), and the exit status is not the drained server's 0 (nor does it come with tracebacks)
+    proc = subprocess.Popen(_ga2("--http", "127.0.0.1:0", "--sim", "reference", "--window", "8", "--no-verify",
+                                 "--replay-log", str(tmp_path / "replay.jsonl")),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        url = proc.stdout.readline().split("listening on ")[1].split()[0]
+        with httpx.stream("POST", url + "/v1/completions", timeout=WAIT,
+                          json=completion(prompt="3", max_tokens=1000, stream=True)) as r:
+            lines = r.iter_lines()          # kept: dropped half-read, it would close the connection
+            assert next(lines).startswith("data: {")
+            proc.send_signal(signal.SIGINT)
+            time.sleep(0.3)
+            proc.send_signal(signal.SIGINT)
+            out, err = proc.communicate(timeout=WAIT)
+        assert proc.returncode == 1 and "Traceback" not in err, (out, err)
+        assert err.strip().splitlines()[-1] == "error: forced to stop (a second SIGINT): the requests in flight were cut"
+        (line,) = [json.loads(x) for x in (tmp_path / "replay.jsonl").read_text().splitlines()]
+        assert line["choices"][0]["finish_reason"] == "abort" and 0 < len(line["choices"][0]["tokens"]) < 1000
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(WAIT)
+
+
 @pytest.mark.timeout(60)
 def test_the_command_refuses_trace_options_with_http_and_http_options_without_it(capsys, monkeypatch):
     from sim.cli import guarded

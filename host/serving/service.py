@@ -122,9 +122,12 @@ class CompletionStream:
         self.ended = False
 
     def push(self, events: list) -> None:
-        """Hand `events` to the event loop (from any thread)."""
-        if events:
-            self._loop.call_soon_threadsafe(self._queue.put_nowait, list(events))
+        """Hand `events` to the event loop (from any thread); nothing once that loop is closed."""
+        if events and not self._loop.is_closed():
+            try:
+                self._loop.call_soon_threadsafe(self._queue.put_nowait, list(events))
+            except RuntimeError:        # closed meanwhile (a forced exit): nobody reads this stream any more
+                pass
 
     async def next_events(self) -> list:
         """The next batch of events (one engine step's, in order); waits for it."""

@@ -15,6 +15,7 @@ running requests, writes their log lines and exits 0 (1 if a replay differed).
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import signal
 import socket
@@ -36,6 +37,7 @@ OUTPUT_OPTIONS = ("--json", "--out", "--trace")
 HTTP_OPTIONS = ("--api-key", "--replay-log", "--max-waiting", "--max-body-bytes", "--body-timeout",
                 "--max-prompt-tokens", "--max-tokens-limit", "--max-n", "--served-model-name")
 API_KEY_ENV = "GA2_API_KEY"
+FORCED_DRAIN_SECONDS = 5        # after a second SIGINT: how long the cut requests' log lines may take
 
 
 def http_address(text: str) -> tuple:
@@ -197,6 +199,8 @@ def _serve_http(a, out, sock, host, server_parts, chips: bool) -> int:
         def handle_exit(self, sig, frame):
             service.begin_drain()       # from now on 503; the running requests finish
             super().handle_exit(sig, frame)
+            if self.force_exit:         # a second SIGINT: uvicorn cancels the requests in flight, each cancel
+                logging.getLogger("uvicorn.error").setLevel(logging.CRITICAL)    # logged as a traceback
 
     config = uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on", http="h11", loop="asyncio")
     server = _Server(config)
@@ -221,6 +225,14 @@ def _serve_http(a, out, sock, host, server_parts, chips: bool) -> int:
         router = service.engine.router
         for line in failover_lines({"failovers": router.failovers, "kills_not_reached": sorted(router.kills.items())}):
             print(line, file=out, flush=True)
+    if server.force_exit:
+        # uvicorn skipped the app's shutdown (its drain): the requests it cut were aborted, so the engine ends
+        # them at once; their replay-log lines are written unless that takes too long
+        logged = service.drain(FORCED_DRAIN_SECONDS)
+        print(f"error: forced to stop (a second SIGINT): the requests in flight were cut"
+              f"{'' if logged else f'; their replay-log lines not all written within {FORCED_DRAIN_SECONDS} s'}",
+              file=sys.stderr)
+        return 1
     if not service.healthy:
         print("error: the engine stopped serving (see the replay log and the 500 answers)", file=sys.stderr)
         return 1
