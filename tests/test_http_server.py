@@ -533,6 +533,7 @@ def test_a_second_sigint_forces_the_exit_and_says_so(tmp_path):
         assert err.strip().splitlines()[-1] == "error: forced to stop (a second SIGINT): the requests in flight were cut"
         (line,) = [json.loads(x) for x in (tmp_path / "replay.jsonl").read_text().splitlines()]
         assert line["choices"][0]["finish_reason"] == "abort" and 0 < len(line["choices"][0]["tokens"]) < 1000
+        assert "stopped: 1 choices finished (abort 1)" in out
     finally:
         if proc.poll() is None:
             proc.kill()

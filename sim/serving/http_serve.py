@@ -10,7 +10,8 @@ The server binds 127.0.0.1 unless a host is given (``--http 0.0.0.0:8123``; port
 the line printed at start names it). It writes a replay log (``--replay-log``; one JSON line per finished
 request, with its replay command and, unless ``--no-verify``, whether it is identical alone, replayed on
 the reference machine on a worker thread). SIGTERM or SIGINT: it stops admitting (503), finishes the
-running requests, writes their log lines and exits 0 (1 if a replay differed).
+running requests, writes their log lines and exits 0 (1 if a replay differed); a second SIGINT cuts the
+running requests (aborted, logged) and exits 1.
 """
 from __future__ import annotations
 
@@ -213,6 +214,9 @@ def _serve_http(a, out, sock, host, server_parts, chips: bool) -> int:
         for s, h in old.items():
             signal.signal(s, h)
         sock.close()
+    # a second SIGINT: uvicorn skipped the app's shutdown (its drain); the requests it cut were aborted, so the
+    # engine ends them at once, and their replay-log lines are written unless that takes too long
+    logged = service.drain(FORCED_DRAIN_SECONDS) if server.force_exit else True
     st = service.stats()
     reasons = ", ".join(f"{k} {v}" for k, v in sorted(st.finished.items())) or "none"
     checked = "replays not checked (--no-verify)" if a.no_verify else \
@@ -226,9 +230,6 @@ def _serve_http(a, out, sock, host, server_parts, chips: bool) -> int:
         for line in failover_lines({"failovers": router.failovers, "kills_not_reached": sorted(router.kills.items())}):
             print(line, file=out, flush=True)
     if server.force_exit:
-        # uvicorn skipped the app's shutdown (its drain): the requests it cut were aborted, so the engine ends
-        # them at once; their replay-log lines are written unless that takes too long
-        logged = service.drain(FORCED_DRAIN_SECONDS)
         print(f"error: forced to stop (a second SIGINT): the requests in flight were cut"
               f"{'' if logged else f'; their replay-log lines not all written within {FORCED_DRAIN_SECONDS} s'}",
               file=sys.stderr)
