@@ -82,6 +82,10 @@ class ChipConfig:
         current one's done cycle (``docs/prefetch.md``): an instruction then costs its busy cycles B only,
         not 2 + B; the run's first instruction (and the HALT of an error stop) still costs its FETCH and
         ISSUE cycles (``hdl.isa.seq_cycles``). 0, the book's chip, keeps the sequencer of hardware spec 2.2.
+    sm_div : int
+        Quotient bits the SM unit's divider finds a cycle (``docs/sm-div.md``): 1, the book's, takes 40
+        cycles for the 40-bit division; 2 or 4 chain that many restoring steps between two edges, 20 or 10
+        cycles. SM then takes B = 3*len + 7 + 40/sm_div (``hdl.isa.sm_busy_cycles``); the words are the same.
     """
 
     array: int = 4
@@ -100,6 +104,7 @@ class ChipConfig:
     mm_overlap: int = 0
     rq_pipe: int = 0
     prefetch: int = 0
+    sm_div: int = 1
 
     def __post_init__(self):
         for f in fields(self):
@@ -143,6 +148,8 @@ class ChipConfig:
             raise ValueError(f"ChipConfig rq_pipe must be 0 or 1, not {self.rq_pipe}")
         if self.prefetch not in (0, 1):
             raise ValueError(f"ChipConfig prefetch must be 0 or 1, not {self.prefetch}")
+        if self.sm_div not in (1, 2, 4):
+            raise ValueError(f"ChipConfig sm_div must be 1, 2 or 4, not {self.sm_div}")
 
     # ---- derived widths and limits -----------------------------------------------------------------
     @property

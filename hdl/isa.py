@@ -27,6 +27,7 @@ __all__ = [
     "RESIDENT_OPS", "gather", "scatter", "resident_runs", "resident_busy_cycles", "legal_ops",
     "MM_RQ_OPS", "CHIP_OPERANDS", "hw_operands", "rqc", "RQC_BUSY",
     "ideal_cycles", "macs", "ext_words", "vector_elements", "vector_lanes", "ext_port_words",
+    "SM_DIV_WIDTH", "sm_busy_cycles",
     "SEQ_CYCLES", "seq_cycles",
 ]
 
@@ -544,8 +545,25 @@ def busy_cycles(ins, lat: int = 8, cfg: ChipConfig = BOOK) -> int:
         return vadd_busy_cycles(n, cfg)
     if op == Op.RQ:
         return rq_busy_cycles(n, cfg)
-    return {Op.LD: n + lat + 1, Op.ST: n + 2, Op.SM: 3 * n + 47,
+    if op == Op.SM:
+        return sm_busy_cycles(n, cfg)
+    return {Op.LD: n + lat + 1, Op.ST: n + 2,
             Op.AMAX: n + 3, Op.UNPACK: 10 * n + 1}[Op(op)]
+
+
+# Bits of the SM unit's divider (hardware spec 5.6): floor(2^38 / sum) is a 40-bit division.
+SM_DIV_WIDTH = 40
+
+
+def sm_busy_cycles(n: int, cfg: ChipConfig) -> int:
+    """WAIT cycles B of one SM of `n` scores on the chip `cfg` (the timing contract of hdl/units/sm.py,
+    docs/sm-div.md): three passes of n + 1 cycles, the divider's start cycle, ``SM_DIV_WIDTH / sm_div``
+    division cycles and two more (the divider's done and the unit's)::
+
+        B = 3*n + 7 + 40 / sm_div
+
+    which is the book's 3*n + 47 with ``sm_div`` = 1, 3*n + 27 with 2, 3*n + 17 with 4."""
+    return 3 * n + 7 + SM_DIV_WIDTH // cfg.sm_div
 
 
 # WAIT cycles of an RQC (docs/fused-rq.md): the MM unit's requantizer registers take (m, s, relu) at E0

@@ -10,9 +10,9 @@ from hdl.divider import Divider
 from tests.simutil import built, run
 
 
-def divide_all(cases, width=40, stray=False):
+def divide_all(cases, width=40, stray=False, bits=1):
     """Run each (num, den) from idle; check the cycle-by-cycle contract; return [(quot, rem, cycles)]."""
-    dut = Divider(width)
+    dut = Divider(width, bits)
     out = []
 
     async def bench(ctx):
@@ -107,6 +107,30 @@ def test_reset_clears_busy():
             assert ctx.get(dut.done) == 0
 
     run(dut, bench, domain=cd)
+
+
+@pytest.mark.parametrize("width,bits", [(40, 2), (40, 4), (8, 2), (8, 4), (2, 2), (4, 4)])
+def test_several_bits_a_cycle_against_golden(width, bits):
+    """docs/sm-div.md: `bits` quotient bits a cycle give the same quotient and remainder in width/bits cycles;
+    the 40-bit cases include the SM unit's numerator 2^38 over sums of e values."""
+    rng = random.Random(width * 10 + bits)
+    top = (1 << width) - 1
+    special = [0, 1, 2, top, top - 1, 1 << (width - 1)]
+    cases = [(n, d) for n in special for d in special]
+    for _ in range(40 if width == 40 else 20):
+        cases.append((rng.randint(0, top), rng.choice([rng.randint(0, top), rng.randint(0, 1000) & top])))
+    if width == 40:
+        cases += [(1 << 38, rng.randint(65535, 4095 * 65535)) for _ in range(20)]
+    got = divide_all(cases, width, bits=bits)
+    assert got == [divu(n, d, width) + (width // bits,) for n, d in cases]
+
+
+@pytest.mark.parametrize("bits", [3, 0, True, 8])
+def test_bad_bits(bits):
+    with pytest.raises(ValueError, match="bits must be 1, 2 or 4"):
+        Divider(40 if bits != 3 else 40, bits)
+    with pytest.raises(ValueError, match="divide the width 6"):
+        Divider(6, 4)
 
 
 @pytest.mark.parametrize("width,exc", [(1, ValueError), (0, ValueError), (40.0, TypeError), ("40", TypeError)])

@@ -2,20 +2,22 @@
 
 Timing: start is sampled at E0; P1 (len+1 cycles) finds the max, P2 (len+1) writes e = T[max - x] to dst
 and sums it, DIVS (1) starts the 40-bit divider on 2^38 / sum, WAITD (42) waits for it, P3 (len+1) reads e
-back from dst and writes (e*r + 2^21) >> 22 over it; done is high in W_B with B = 3*len + 47.
+back from dst and writes (e*r + 2^21) >> 22 over it; done is high in W_B with B = 3*len + 47. On a chip
+with ``sm_div`` = b (docs/sm-div.md) the divider finds b quotient bits a cycle: WAITD lasts 40/b + 2
+cycles and B = 3*len + 7 + 40/b (``hdl.isa.sm_busy_cycles``).
 """
 from amaranth.hdl import Module, Mux, Signal, signed
 
 from hdl.arith import SOFTMAX_NUM as RECIP_NUM    # the divider's constant numerator, defined once
 from hdl.divider import Divider
 from hdl.exp_lut import ExpTable
-from hdl.isa import Op
+from hdl.isa import SM_DIV_WIDTH, Op
 
 from .base import SpadUnit
 
 __all__ = ["SoftmaxUnit"]
 
-DIV_WIDTH = 40
+DIV_WIDTH = SM_DIV_WIDTH
 
 
 class SoftmaxUnit(SpadUnit):
@@ -34,7 +36,7 @@ class SoftmaxUnit(SpadUnit):
         m = Module()
 
         m.submodules.exp = exp = ExpTable()
-        m.submodules.div = div = Divider(DIV_WIDTH)
+        m.submodules.div = div = Divider(DIV_WIDTH, bits=self.config.sm_div)
 
         opr = self.operand_register()
         src, dst, length = opr.src, opr.dst, opr.len
@@ -113,3 +115,8 @@ class SoftmaxUnit(SpadUnit):
 
         self.check_protocol(m, opr)
         return m
+
+    @classmethod
+    def scope_of(cls, cfg):
+        """``sm``, or ``sm_div`` for the unit whose divider finds several bits a cycle (docs/sm-div.md)."""
+        return "sm_div" if cfg.sm_div > 1 else "sm"

@@ -58,7 +58,7 @@ __all__ = ["FormalError", "Target", "Result", "targets", "properties", "ChipEnv"
 # GATHER and SCATTER: with the walk invariant their isolation is proved by k-induction. GATHER at 12 (a job
 # of two runs fits the base case) took 256 s on a loaded 2-core machine; SCATTER took 830 s at 12 and
 # 285 s at 6 (proved at both), so it runs at 6.
-DEFAULT_DEPTH = {"chip": 14, "prefetch": 14, "sm": 54, "gather": 12, "scatter": 6}
+DEFAULT_DEPTH = {"chip": 14, "prefetch": 14, "sm": 54, "sm_div": 24, "gather": 12, "scatter": 6}
 # The targets that are a whole chip in `ChipEnv` (their memories are cut free).
 CHIP_TARGETS = ("chip", "prefetch")
 UNIT_DEPTH = 20
@@ -70,14 +70,15 @@ def _unit_chips():
     chip (GATHER and SCATTER, the isolation properties; its error tail timed for LAT = CHIP_LAT); the MM
     unit with its output requantizer (docs/fused-rq.md), with packed B and overlapped phases
     (docs/mm-fast.md); the requantizer's pipeline register in the RQ unit and in the fused, overlapped MM
-    unit (docs/rq-pipe.md, where a fused MM takes the cycle LAST); the two-port VADD (docs/vadd-ports.md).
+    unit (docs/rq-pipe.md, where a fused MM takes the cycle LAST); the two-port VADD (docs/vadd-ports.md); the
+    SM unit whose divider finds four bits a cycle (docs/sm-div.md; 3 len + 17 cycles: 24 see a whole job).
     Every unit of the presets has its scope among theirs (tests/test_formal.py)."""
     from dataclasses import replace
 
     from hdl.config import BOOK
     return (BOOK, replace(BOOK, gather=1, lat=CHIP_LAT), replace(BOOK, mm_rq=1),
             replace(BOOK, mm_pack=1, mm_overlap=1), replace(BOOK, rq_pipe=1),
-            replace(BOOK, mm_rq=1, mm_overlap=1, rq_pipe=1), replace(BOOK, vadd_ports=2))
+            replace(BOOK, mm_rq=1, mm_overlap=1, rq_pipe=1), replace(BOOK, vadd_ports=2), replace(BOOK, sm_div=4))
 
 
 UNIT_CHIPS = _unit_chips()
