@@ -383,17 +383,16 @@ class GA2(wiring.Component):
                     if cfg.prefetch:
                         m.d.sync += ahead.eq(0)
             with m.Case(SeqState.FETCH):
-                # on a prefetch chip the ROM's word goes to `nxt` only, and `ins` takes it from there at
-                # the issue: one register behind the ROM's read port, which an FPGA's block RAM absorbs
-                # as its output register (two would leave the program memory in LUT RAM)
+                # on a prefetch chip the ROM's word goes to `nxt` only (below), and `ins` takes it from
+                # there at the issue
                 m.d.sync += [*([] if cfg.prefetch else [ins.eq(self.imem_data)]), self.cyc_total.eq(self.cyc_total + 1),
                              st.eq(SeqState.ISSUE)]
                 if cfg.prefetch:
-                    m.d.sync += [issue.eq(self.imem_data), ahead.eq(pc + 1)]
+                    m.d.sync += ahead.eq(pc + 1)
             with m.Case(SeqState.ISSUE):
                 m.d.sync += self.cyc_total.eq(self.cyc_total + 1)
                 if cfg.prefetch:
-                    m.d.sync += [issue.eq(self.imem_data), ahead.eq(pc + 2), ins.eq(issue)]     # the word at pc + 1
+                    m.d.sync += [ahead.eq(pc + 2), ins.eq(issue)]
                 with m.If(is_halt):
                     m.d.sync += [st.eq(SeqState.HALT), self.halted.eq(1), cur.eq(CUR_NONE)]
                 with m.Else():
@@ -413,12 +412,19 @@ class GA2(wiring.Component):
                         m.d.sync += ahead.eq(pc + 1)            # FETCH reads the next pc's word
                         with m.If(overlap):
                             # issue `nxt` now (its unit's E0 is this edge); `nxt` takes the word at pc + 2
-                            m.d.sync += [ins.eq(issue), issue.eq(self.imem_data), ahead.eq(pc + 3)]
+                            m.d.sync += [ins.eq(issue), ahead.eq(pc + 3)]
                             with m.If(is_halt):
                                 m.d.sync += [st.eq(SeqState.HALT), self.halted.eq(1)]
                             with m.Else():
                                 m.d.sync += [st.eq(SeqState.WAIT), cur.eq(opcode)]
             # HALT: nothing until rst.
+        if cfg.prefetch:
+            # `nxt` reads the ROM in FETCH (the word at pc), ISSUE (pc + 1) and at an overlapped issue (the
+            # word after the one issued), under one enable and from one source: Yosys then makes it the
+            # program memory's block-RAM output register, as `ins` on the book's chip (loaded in three
+            # branches of the state machine it did not, and the memory went to LUT RAM)
+            with m.If((st == SeqState.FETCH) | (st == SeqState.ISSUE) | overlap):
+                m.d.sync += issue.eq(self.imem_data)
 
         self._check_properties(m, ins, sp.port, every)
         return m

@@ -244,12 +244,12 @@ MUTANTS: tuple[Mutant, ...] = (
     _m("sim", "hdl/isa.py", "return 3 * n + 7 + SM_DIV_WIDTH // cfg.sm_div", "return 3 * n + 7 + SM_DIV_WIDTH",
        "cycle model: an SM on an sm_div chip costs the book's 3n + 47", "tests/test_sm_div.py::test_cycle_table"),
     # the overlapped issue (docs/prefetch.md)
-    _m("hdl", "hdl/chip.py", "ins.eq(issue), issue.eq(self.imem_data), ahead.eq(pc + 3)]",
-       "ins.eq(issue), issue.eq(self.imem_data), ahead.eq(pc + 2)]",
+    _m("hdl", "hdl/chip.py", "m.d.sync += [ins.eq(issue), ahead.eq(pc + 3)]",
+       "m.d.sync += [ins.eq(issue), ahead.eq(pc + 2)]",
        "prefetch: after an overlapped issue the read-ahead address is pc + 1 (the next overlapped issue takes "
        "the word just issued again, which runs twice)", "tests/test_prefetch.py::test_the_rtl_issues_in_the_done_cycle"),
-    _m("hdl", "hdl/chip.py", "m.d.sync += [issue.eq(self.imem_data), ahead.eq(pc + 2), ins.eq(issue)]",
-       "m.d.sync += [ahead.eq(pc + 2), ins.eq(issue)]", "prefetch: ISSUE does not read the next word (the first overlapped issue "
+    _m("hdl", "hdl/chip.py", "with m.If((st == SeqState.FETCH) | (st == SeqState.ISSUE) | overlap):",
+       "with m.If((st == SeqState.FETCH) | overlap):", "prefetch: ISSUE does not read the next word (the first overlapped issue "
        "repeats the first instruction)", "tests/test_prefetch.py::test_r1_and_random_programs_on_the_chip"),
     _m("hdl", "hdl/chip.py", "overlap = overlap & ~failed", "overlap = overlap",
        "prefetch: a failed GATHER/SCATTER's done cycle still issues the next instruction (the error stop runs "
