@@ -284,7 +284,7 @@ class BoardCore(wiring.Component):
         flush = Signal(range(ext.ring_depth + 2))
         pending = Signal()          # a start that came during FLUSH (never at a UART's pace): kept
         m.d.comb += [run.error_pc.eq(0), run.error_info.eq(0), run.error_kind.eq(0)]
-        if cfg.gather:
+        if cfg.generated:
             m.d.comb += [run.error_kind.eq(chip.error_kind.as_value()), run.error_pc.eq(chip.error_pc),
                          run.error_info.eq(chip.error_info)]
         m.d.comb += [run.counters[k].eq(c) for k, c in enumerate(

@@ -10,6 +10,12 @@ GATHER shares LD's external read port and SCATTER ST's write port, each by ``cur
 stops the chip with the error state (the next instruction acts as HALT). On the book's chip none of this
 exists: opcodes 9 and 10 are illegal and the design is the book's.
 
+Every chip other than the book's (``config.generated``) has the error state (``error``, ``error_kind``,
+``error_pc``, ``error_info``) and stops instead of hanging: a word it cannot run (``hdl.isa.issue_stop``: an
+opcode it does not have, a zero length or MM dimension, an MM dimension past the array or the operand
+memories) is issued as a HALT, starting no unit, with the error state set (kind, its pc, its opcode), so
+that every word either runs or stops the chip. The book's chip hangs there (hardware spec 2.2).
+
 A chip with ``config.mm_rq`` decodes RQC (opcode 11, docs/fused-rq.md) here: at its E0 the MM unit's
 ``rqc`` input loads the unit's requantizer registers, and its one WAIT cycle ends at once (done in W1,
 counted as mm); no unit is started and the scratchpad has no owner. Without it opcode 11 is illegal.
@@ -25,7 +31,7 @@ from amaranth.lib import enum, wiring
 from amaranth.lib.wiring import In, Out, connect, flipped
 
 from .config import BOOK
-from .isa import COUNTER_INDEX, COUNTER_OF, HW_OPERANDS, MM_RQ_OPS, Op
+from .isa import COUNTER_INDEX, COUNTER_OF, HW_OPERANDS, MM_RQ_OPS, Op, issue_limits, legal_ops
 from .properties import History
 from .scratchpad import Scratchpad, SpadPort
 from .units.amax import ArgmaxUnit
@@ -57,7 +63,8 @@ CHIP_PROPERTIES = {
 }
 
 
-# The properties only a chip with gather=1 has (docs/resident.md), as CHIP_PROPERTIES.
+# The properties of a chip with the error state (every chip but the book's: docs/resident.md and
+# hdl.isa.issue_stop), as CHIP_PROPERTIES.
 RESIDENT_CHIP_PROPERTIES = {
     "halt_quiet": "in HALT (an error stop's included) no unit is busy: nothing moves after the chip stops",
 }
@@ -67,10 +74,48 @@ RESIDENT_CHIP_PROPERTIES = {
 # fetched and issued in cycles of their own).
 PREFETCH_CHIP_PROPERTIES = {
     "counters": "outside IDLE, total = 2*error + mm + dma + vec + (0 FETCH, 1 ISSUE, 2 WAIT/HALT) mod "
-                "2^counter_bits (error: 0 on a chip without gather)",
+                "2^counter_bits (error: a GATHER's or SCATTER's error stop, kind ROW or PAGE; 0 on a chip without "
+                "gather)",
     "issue_quiet": "a unit is started only in a cycle in which no unit is busy (an instruction issued in the "
                    "done cycle of the one before starts after that one has finished)",
 }
+
+
+def issue_check(m, word, cfg):
+    """The error stop the chip `cfg` makes when it issues `word` (``hdl.isa.issue_stop``, from its
+    `legal_ops` and `issue_limits`), as a combinational `ErrorKind` signal added to `m` (NONE: it runs it)."""
+    opcode = word[124:128]
+    illegal, short, over = Signal(name="stop_opcode"), Signal(name="stop_length"), Signal(name="stop_range")
+    unchecked = []
+    with m.Switch(opcode):
+        for op in legal_ops(cfg):
+            limits = issue_limits(op, cfg)
+            if not limits:
+                unchecked.append(op)
+                continue
+            below, above = [], []
+            for name, (least, most) in limits.items():
+                hi, lo = HW_OPERANDS[op][name]
+                field = word[lo:hi + 1]
+                below.append(field < least)
+                if most < (1 << len(field)) - 1:         # else no value of the field is above it
+                    above.append(field > most)
+            with m.Case(op):
+                m.d.comb += short.eq(Cat(*below).any())
+                if above:
+                    m.d.comb += over.eq(Cat(*above).any())
+        with m.Case(*unchecked):
+            pass
+        with m.Default():
+            m.d.comb += illegal.eq(1)
+    kind = Signal(ErrorKind, name="stop_kind")
+    with m.If(illegal):
+        m.d.comb += kind.eq(ErrorKind.OPCODE)
+    with m.Elif(short):
+        m.d.comb += kind.eq(ErrorKind.LENGTH)
+    with m.Elif(over):
+        m.d.comb += kind.eq(ErrorKind.RANGE)
+    return kind
 
 
 class SeqState(enum.Enum, shape=3):
@@ -239,7 +284,7 @@ class GA2(wiring.Component):
             "cyc_vec":    Out(c),
             "n_inst":     Out(c),
             **({"error": Out(1), "error_kind": Out(ErrorKind), "error_pc": Out(16), "error_info": Out(w)}
-               if cfg.gather else {}),
+               if cfg.generated else {}),
             **({"host": In(SpadPort.of(cfg))} if self.host_port else {}),
         })
 
@@ -276,19 +321,29 @@ class GA2(wiring.Component):
         # a new instruction is fetched or issued (flattened: 9-10% more CPU on a 6-step pysim decode).
         m.submodules.decode = dec = Module()
 
+        launch = go
+        if cfg.generated:
+            # the error stop at issue (hdl.isa.issue_stop): a word this chip cannot run is issued as a HALT
+            # (is_halt) and starts nothing (launch)
+            stop_kind = issue_check(dec, issue, cfg)
+            stop = stop_kind.as_value() != ErrorKind.NONE.value
+            is_halt = is_halt | stop
+            launch = Signal(name="launch")
+            m.d.comb += launch.eq(go & ~stop)
+
         # ---- units: the instruction register goes to everyone, `start` only to the named unit ----
         for op, unit in units.items():
-            dec.d.comb += [unit.ins.eq(issue), unit.start.eq(go & (opcode == op))]
+            dec.d.comb += [unit.ins.eq(issue), unit.start.eq(launch & (opcode == op))]
         if cfg.mm_rq:
             # RQC: the MM unit's requantizer registers take its fields at E0 (docs/fused-rq.md)
-            dec.d.comb += units[Op.MM].rqc.eq(go & (opcode == Op.RQC))
+            dec.d.comb += units[Op.MM].rqc.eq(launch & (opcode == Op.RQC))
 
         def ld_field(name):
             hi, lo = HW_OPERANDS[Op.LD][name]
             return issue[lo:hi + 1]
 
         dec.d.comb += [
-            ld.start.eq(go & (opcode == Op.LD)),
+            ld.start.eq(launch & (opcode == Op.LD)),
             ld.dst.eq(ld_field("dst")),
             ld.src.eq(ld_field("src")),
             ld.length.eq(ld_field("len")),
@@ -364,6 +419,17 @@ class GA2(wiring.Component):
             m.d.comb += [go.eq((st == SeqState.ISSUE) & ~self.error | overlap if cfg.gather
                                else (st == SeqState.ISSUE) | overlap),
                          self.imem_addr.eq(ahead)]
+
+        if cfg.generated:
+            # the error state of a stop at issue: the word's kind, pc and opcode (not after an error stop of
+            # GATHER/SCATTER, whose HALT this is, whatever the word)
+            issued_at = [(st == SeqState.ISSUE, pc)]
+            if cfg.prefetch:
+                issued_at.append((overlap, pc + 1))          # `nxt` is the word after the current one
+            for when, where in issued_at:
+                with m.If(when & stop & ~self.error):
+                    m.d.sync += [self.error.eq(1), self.error_kind.eq(stop_kind), self.error_pc.eq(where),
+                                 self.error_info.eq(opcode)]
 
         # The WAIT-cycle counter of each opcode of this chip, by its class (hdl.isa.COUNTER_OF).
         counters = [self.cyc_total, self.cyc_mm, self.cyc_dma, self.cyc_vec, self.n_inst]
@@ -478,12 +544,15 @@ class GA2(wiring.Component):
                 m.d.comb += k.eq(1)
             with m.Case(SeqState.WAIT, SeqState.HALT):
                 m.d.comb += k.eq(2)
-        # On a prefetch chip (docs/prefetch.md) only the run's first instruction and an error stop's HALT
-        # have FETCH and ISSUE cycles: 2*error where the book has 2*n_inst.
+        # On a prefetch chip (docs/prefetch.md) only the run's first instruction and the HALT of a GATHER's or
+        # SCATTER's error stop have FETCH and ISSUE cycles: 2*error where the book has 2*n_inst (a stop at
+        # issue, hdl.isa.issue_stop, is the word itself issued as a HALT, in a HALT's cycles).
         if not self.config.prefetch:
             seq = self.n_inst << 1
+        elif self.config.gather:
+            seq = (self.error & (self.error_kind.as_value() <= ErrorKind.PAGE.value)) << 1
         else:
-            seq = (self.error << 1) if self.config.gather else 0
+            seq = 0
         relation = (self.cyc_total == (seq + self.cyc_mm + self.cyc_dma + self.cyc_vec + k)[:self.config.counter_bits])
         answered = [*every, *(MM_RQ_OPS if self.config.mm_rq else ())]
         waits = {}
@@ -505,8 +574,9 @@ class GA2(wiring.Component):
                 h.check("issue_quiet", ~u.start | ~anyone_busy, PREFETCH_CHIP_PROPERTIES["issue_quiet"],
                         covers={f"{op.name} starts": u.start})
 
-        # HALT is left only by a reset.
-        if self.config.gather:
+        # HALT is left only by a reset; on a chip with the error state nothing moves in it (a word that stops
+        # the chip started no unit).
+        if self.config.generated:
             busy = 0
             for u in every.values():
                 busy = busy | u.busy

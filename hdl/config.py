@@ -192,6 +192,15 @@ class ChipConfig:
     def counter_mask(self) -> int:
         return (1 << self.counter_bits) - 1
 
+    @property
+    def generated(self) -> bool:
+        """A chip other than the book's: some parameter of the design (every one but the testbench's
+        ``ext_words``, ``lat`` and ``rom_words``) differs from ``BOOK``'s. A generated chip has the error
+        state and stops on a word it cannot run (``hdl.isa.issue_stop``); the book's hangs there, as hardware
+        spec 2.2 says."""
+        return any(getattr(self, f.name) != getattr(BOOK, f.name) for f in fields(self)
+                   if f.name not in _TESTBENCH_FIELDS)
+
     def overrides(self) -> dict[str, int]:
         """The parameters that differ from the book's chip."""
         return {f.name: getattr(self, f.name) for f in fields(self)
@@ -210,6 +219,8 @@ class ChipConfig:
 
 
 BOOK = ChipConfig()
+# The parameters of the testbench around a chip, not of the chip's design (`ChipConfig.generated`).
+_TESTBENCH_FIELDS = ("ext_words", "lat", "rom_words")
 
 # Named configurations a user can give to --chip. ``fast`` is the serving chip of issues 13 and 14: the
 # 8x8 array with four operand words a cycle, GATHER/SCATTER, and 16,384 external words for two pools of 64

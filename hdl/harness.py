@@ -15,6 +15,7 @@ from amaranth.lib.wiring import In, Out
 from .chip import GA2
 from .config import BOOK
 from .extmem import ExtMemory
+from .isa import ERROR_KIND_BITS
 
 __all__ = ["ChipHarness", "HARNESS_SIGNATURE", "harness_signature"]
 
@@ -43,9 +44,11 @@ def harness_signature(config=BOOK):
         "ext_rdata": Out(w),
         "spad_addr": In(range(config.spad_depth)),
         "spad_rdata": Out(w),
-        # resident mode (docs/resident.md) only: an initial scratchpad and the error state
-        **({"spad_we": In(1), "spad_wdata": In(w), "error": Out(1), "error_kind": Out(2),
-            "error_pc": Out(16), "error_info": Out(w)} if config.gather else {}),
+        # resident mode (docs/resident.md) only: an initial scratchpad
+        **({"spad_we": In(1), "spad_wdata": In(w)} if config.gather else {}),
+        # a chip other than the book's: the error state
+        **({"error": Out(1), "error_kind": Out(ERROR_KIND_BITS), "error_pc": Out(16), "error_info": Out(w)}
+           if config.generated else {}),
     })
 
 
@@ -99,8 +102,8 @@ class ChipHarness(wiring.Component):
     spad_we, spad_wdata : In(1), In(32)
         Only with ``config.gather``: backdoor scratchpad write at ``spad_addr`` (before ``start``), the
         initial scratchpad of a resident-mode run.
-    error, error_kind, error_pc, error_info : Out(1), Out(2), Out(16), Out(32)
-        Only with ``config.gather``: the chip's error state.
+    error, error_kind, error_pc, error_info : Out(1), Out(hdl.isa.ERROR_KIND_BITS), Out(16), Out(32)
+        Only on a chip other than the book's (``config.generated``): the chip's error state.
 
     Attributes
     ----------
@@ -193,7 +196,7 @@ class ChipHarness(wiring.Component):
             self.cyc_vec.eq(chip.cyc_vec),
             self.n_inst.eq(chip.n_inst),
         ]
-        if self.config.gather:
+        if self.config.generated:
             sw.d.comb += [self.error.eq(chip.error), self.error_kind.eq(chip.error_kind),
                           self.error_pc.eq(chip.error_pc), self.error_info.eq(chip.error_info)]
         return m

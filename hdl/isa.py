@@ -28,7 +28,7 @@ __all__ = [
     "MM_RQ_OPS", "CHIP_OPERANDS", "hw_operands", "rqc", "RQC_BUSY",
     "ideal_cycles", "macs", "ext_words", "vector_elements", "vector_lanes", "ext_port_words",
     "SM_DIV_WIDTH", "sm_busy_cycles",
-    "SEQ_CYCLES", "seq_cycles",
+    "SEQ_CYCLES", "seq_cycles", "ErrorKind", "ERROR_KIND_BITS", "issue_limits", "issue_stop",
 ]
 
 # The book's limits, kept as module constants for the code that only ever meets the book's chip; every
@@ -105,7 +105,43 @@ OPERANDS: dict[Op, dict[str, str]] = {
 
 
 class IsaError(ValueError):
-    """An instruction that the chip cannot execute as intended (the message names it and the field)."""
+    """An instruction that the chip cannot execute as intended (the message names it and the field).
+
+    Attributes
+    ----------
+    stop : tuple of (ErrorKind, int) or None
+        Set by `validate`: what a generated chip does with the word (`issue_stop`): the error stop it
+        makes when it issues it, or None when it runs it (a refused word the hardware still runs, its
+        addresses wrapping, as the reference machine models).
+    """
+
+    stop = None
+
+
+class ErrorKind(enum.IntEnum):
+    """Why a chip stopped with an error: the value of its ``error_kind`` register (0: it did not).
+
+    The chips other than the book's (`hdl.config.ChipConfig.generated`) have the error state; the book's
+    hangs where they stop (hardware spec 2.2). ROW and PAGE come from a GATHER or SCATTER that met a bad
+    block table (docs/resident.md): that instruction ends and the next word is issued as a HALT. The other
+    three are the words the chip refuses when it issues them (`issue_stop`): the word itself is issued as
+    a HALT, in the cycles a HALT takes there, with ``error_info`` its opcode.
+    """
+    NONE = 0
+    ROW = 1         # a row's table index is not below table_len
+    PAGE = 2        # a table entry is not below pool_pages
+    OPCODE = 3      # an opcode the chip does not have (`legal_ops`)
+    LENGTH = 4      # a zero length, or an MM dimension of 0: the unit would never finish
+    RANGE = 5       # a field past what the chip runs: MM's M or N past the array, K past the operand memories
+
+    @property
+    def label(self) -> str:
+        """The kind's name as the backends report it (``"row"``, ``"opcode"``, ...)."""
+        return self.name.lower()
+
+
+# Bits of the chip's ``error_kind`` register.
+ERROR_KIND_BITS = max(ErrorKind).bit_length()
 
 
 @dataclass(frozen=True)
@@ -295,6 +331,42 @@ def _region(where, name, start, n, limit, memory):
                        f"{memory} ({limit} words)")
 
 
+def issue_limits(op, cfg: ChipConfig = BOOK) -> dict[str, tuple[int, int]]:
+    """The operands of opcode `op` that a generated chip checks when it issues a word, each with the range
+    lo..hi it runs (the operand as the hardware reads it, ``HW_OPERANDS``): a length or an MM dimension
+    below 1 stops the chip with `ErrorKind.LENGTH` (its unit would never finish), an MM's M or N past the
+    array or K past the operand memories with `ErrorKind.RANGE`. `validate` refuses the same words.
+    """
+    op = Op(op)
+    if op == Op.MM:
+        return {"M": (1, cfg.mm_max_mn), "K": (1, cfg.mm_max_k), "N": (1, cfg.mm_max_mn)}
+    if "len" in HW_OPERANDS[op]:
+        hi, lo = HW_OPERANDS[op]["len"]
+        return {"len": (1, (1 << (hi - lo + 1)) - 1)}
+    return {}
+
+
+def issue_stop(word, cfg: ChipConfig = BOOK) -> tuple[ErrorKind, int] | None:
+    """The error stop a generated chip (``cfg.generated``) makes when it issues `word`, as (kind, info),
+    or None when it runs the word.
+
+    OPCODE for an opcode outside `legal_ops`; else LENGTH when an operand of `issue_limits` is below its
+    range, else RANGE when one is above it. `info` (the chip's ``error_info``) is the opcode. The book's
+    chip makes no error stop: it hangs on the OPCODE and LENGTH words (hardware spec 2.2), and runs the
+    RANGE ones unmodelled.
+    """
+    o = operands(word)
+    op = o["op"]
+    if op not in legal_ops(cfg):
+        return ErrorKind.OPCODE, op
+    limits = issue_limits(op, cfg)
+    if any(o[name] < lo for name, (lo, _) in limits.items()):
+        return ErrorKind.LENGTH, op
+    if any(o[name] > hi for name, (_, hi) in limits.items()):
+        return ErrorKind.RANGE, op
+    return None
+
+
 def validate(ins, ext_words: int | None = None, index: int | None = None, cfg: ChipConfig = BOOK) -> dict:
     """Check one instruction (an `Instr` or a 128-bit word) for the chip `cfg`.
 
@@ -308,12 +380,23 @@ def validate(ins, ext_words: int | None = None, index: int | None = None, cfg: C
     cfg : hdl.config.ChipConfig
         The chip: its scratchpad depth and the MM unit's limits.
 
-    Raises `IsaError` naming the instruction (its index when given) and the offending field; returns
-    the hardware operands (see `operands`) when the instruction is legal.
+    Raises `IsaError` naming the instruction (its index when given) and the offending field, its
+    ``stop`` what a generated chip does with the word (`issue_stop`: every word it stops on is refused
+    here); returns the hardware operands (see `operands`) when the instruction is legal.
     """
+    try:
+        return _validate(ins, ext_words, index, cfg)
+    except IsaError as e:
+        word = encode(ins) if isinstance(ins, Instr) else ins
+        if isinstance(word, int) and 0 <= word < (1 << 128):
+            e.stop = issue_stop(word, cfg)
+        raise
+
+
+def _validate(ins, ext_words, index, cfg):
+    """`validate` without the ``stop`` of its error."""
     ext_words = cfg.ext_words if ext_words is None else ext_words
     spad_words = cfg.spad_depth
-    max_mn, max_k = cfg.mm_max_mn, cfg.mm_max_k
 
     def spad_region(where, name, start, n):
         _region(where, name, start, n, spad_words, "the scratchpad")
@@ -364,13 +447,15 @@ def validate(ins, ext_words: int | None = None, index: int | None = None, cfg: C
             raise IsaError(f"{where}: pb = 1 (fl bit 2) needs a chip with mm_pack=1 (B packed four int8 a word)")
         if o["pb"] and o["tb"]:
             raise IsaError(f"{where}: tb = 1 with pb = 1: a packed B (fl bit 2) must not be transposed")
-        for k, fname, lim in (("M", "f", max_mn), ("K", "g", max_k), ("N", "h", max_mn)):
+        limits = issue_limits(Op.MM, cfg)
+        for k, fname in (("M", "f"), ("K", "g"), ("N", "h")):
             hi, lo = HW_OPERANDS[Op.MM][k]
             if getattr(g, fname) >= 1 << (hi - lo + 1):     # e.g. N = 16 on a 16 x 16 array: N reads 4 bits
                 raise IsaError(f"{where}: {k} = {getattr(g, fname)} does not fit the {hi - lo + 1} bits the "
                                f"hardware reads of it")
-            if not 1 <= o[k] <= lim:
-                raise IsaError(f"{where}: {k} = {o[k]} is outside 1..{lim}")
+            least, most = limits[k]
+            if not least <= o[k] <= most:
+                raise IsaError(f"{where}: {k} = {o[k]} is outside {least}..{most}")
         # fields wider than what the hardware reads would be silently truncated: refuse them
         for fname in ("a", "b", "c", "x"):
             operand = OPERANDS[Op.MM][fname]

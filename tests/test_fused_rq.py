@@ -13,7 +13,7 @@ from hdl import isa
 from hdl.arith import requant, s8
 from hdl.config import BOOK, ChipConfig, parse_chip
 from hdl.isa import IsaError, Op, halt, ld, mm, operands, rq, rqc, st, validate
-from sim.backends import DidNotHalt, first_difference
+from sim.backends import DidNotHalt, ErrorStop, first_difference
 from sim.backends.reference import IllegalInstruction, ReferenceMachine
 
 FAST_RQ = parse_chip("array=8,mm_load=4,gather=1,ext_words=16384,mm_rq=1")
@@ -152,12 +152,18 @@ def test_a_chip_without_mm_rq_refuses_opcode_11_and_the_rq_flag(cfg):
     with pytest.raises(IsaError, match=r"^instruction 2 \(MM\): rq = 1 \(fl bit 1\) needs a chip with mm_rq=1"):
         validate(mm(0, 100, 200, 2, 3, 2, rq=1), index=2, cfg=cfg)
     validate(mm(0, 100, 200, 2, 3, 2), index=2, cfg=cfg)
-    # the reference refuses them when checking, and otherwise does what that chip does: no unit answers
-    # opcode 11 (the sequencer waits forever), and the MM unit does not read fl[1]
+    # the reference refuses them when checking, and otherwise does what that chip does: on the book's no unit
+    # answers opcode 11 (the sequencer waits forever), any other chip stops on it (hdl.isa.issue_stop); the
+    # MM unit does not read fl[1]
     image = [0] * EXT
     for check in (True, False):
-        with pytest.raises(DidNotHalt, match="illegal opcode 11"):
-            ReferenceMachine(config=cfg, check=check, max_cycles=5000).run([rqc(1, 1), halt()], image, 8)
+        machine = ReferenceMachine(config=cfg, check=check, max_cycles=5000)
+        if cfg.generated:
+            r = machine.run([ld(0, 0, 2), rqc(1, 1), halt()], image, 8)
+            assert r.error == ErrorStop("opcode", 1, 11) and r.counters[4] == 1
+        else:
+            with pytest.raises(DidNotHalt, match="illegal opcode 11"):
+                machine.run([rqc(1, 1), halt()], image, 8)
     with pytest.raises(IllegalInstruction, match=r"instruction 1 \(MM\): rq = 1"):
         ReferenceMachine(config=cfg).run([ld(0, 0, 2), mm(10, 0, 1, 1, 1, 1, rq=1), halt()], image, 8)
     image[0], image[1] = 3, 4

@@ -26,10 +26,13 @@ The error tail cannot be timed by responses alone (there may be none outstanding
 (``hdl.isa.resident_busy_cycles`` with ``built_lat``), a faster one answers within the tail. The harness
 builds the chip with its memory's LAT, so the cycle model there is the formula above.
 """
+import types
+
 from amaranth.hdl import Const, Module, Signal
 from amaranth.lib import enum
 from amaranth.lib.wiring import In, Out
 
+from hdl import isa
 from hdl.isa import Op
 from hdl.properties import History
 
@@ -43,11 +46,12 @@ ROW_BITS = 8            # lo and hi are 8-bit fields: rows 0..255
 ROW_WORD_BITS = 15      # a row has up to 2**15 words (row_log2 is a 4-bit field)
 
 
-class ErrorKind(enum.Enum, shape=2):
-    """``error_kind`` (docs/resident.md "Isolation")."""
-    NONE = 0
-    ROW = 1       # the row's table index is not below table_len
-    PAGE = 2      # the table entry is not below pool_pages
+# ``error_kind`` as an Amaranth enum made from `hdl.isa.ErrorKind`, the one definition (its shape the bits
+# of its largest value): a GATHER or SCATTER reports ROW or PAGE (docs/resident.md "Isolation"), the chip's
+# sequencer the kinds of `hdl.isa.issue_stop`.
+ErrorKind = types.new_class("ErrorKind", (enum.Enum,), {"shape": isa.ERROR_KIND_BITS},
+                            lambda body: body.update({kind.name: kind.value for kind in isa.ErrorKind}))
+ErrorKind.__module__ = __name__
 
 
 # The isolation property of docs/resident.md, by name, with the statement sim.verify.formal prints.

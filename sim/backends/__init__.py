@@ -11,6 +11,8 @@ from __future__ import annotations
 import operator
 from dataclasses import dataclass, field
 
+from hdl.isa import ErrorKind as _ErrorKind
+
 __all__ = ["RunResult", "ErrorStop", "TraceEntry", "SimError", "DidNotHalt", "AssertionFailed", "BackendUnavailable",
            "BadInput", "Backend", "BACKENDS", "get_backend", "MAX_CYCLES", "MAX_LAT", "first_difference",
            "program_words", "image_words", "scratchpad_words", "check_lat", "check_max_cycles"]
@@ -42,27 +44,32 @@ class TraceEntry:
 
 @dataclass(frozen=True)
 class ErrorStop:
-    """The chip's error state after a GATHER/SCATTER met a bad block table (docs/resident.md "Isolation").
+    """The chip's error state after an error stop (a chip other than the book's, ``hdl.isa.ErrorKind``).
 
     Attributes
     ----------
     kind : str
-        ``"row"`` (a row beyond the table: ``error_kind`` 1) or ``"page"`` (a page number outside the
-        pool: ``error_kind`` 2).
+        ``hdl.isa.ErrorKind``'s label of the chip's ``error_kind``: ``"row"`` (a GATHER/SCATTER row beyond
+        its block table) or ``"page"`` (a page number outside the pool), docs/resident.md; ``"opcode"`` (an
+        opcode the chip does not have), ``"length"`` (a zero length or MM dimension) or ``"range"`` (an MM
+        dimension past the array or the operand memories), the words ``hdl.isa.issue_stop`` stops on.
     pc : int
         The failing instruction's pc (``error_pc``).
     info : int
-        The table index for a row error, the bad table entry (the whole 32-bit word) for a page error
-        (``error_info``).
+        The table index for a row error, the bad table entry (the whole 32-bit word) for a page error, the
+        opcode for the others (``error_info``).
     """
     kind: str
     pc: int
     info: int
 
-    KINDS = {1: "row", 2: "page"}       # the chip's error_kind code -> kind
+    # the chip's error_kind code -> kind (hdl.isa.ErrorKind, NONE left out)
+    KINDS = {int(k): k.label for k in _ErrorKind if k}
 
     def __str__(self) -> str:
-        what = "row beyond the table, index" if self.kind == "row" else "page outside the pool, entry"
+        what = {"row": "row beyond the table, index", "page": "page outside the pool, entry",
+                "opcode": "an opcode this chip does not have:", "length": "a zero length, opcode",
+                "range": "a field past the chip's limits, opcode"}[self.kind]
         return f"error stop at pc {self.pc}: {what} {self.info}"
 
 

@@ -71,7 +71,7 @@ class _Rig:
         budget = job.max_cycles + 2
         if not ctx.get(h.halted):
             await ctx.posedge(h.halted).delay((budget + 0.5) * _PERIOD)
-        if ctx.get(h.halted) and h.config.gather:
+        if ctx.get(h.halted) and h.config.generated:
             # one more edge: the design's Asserts then judge the first HALT cycle too (nothing may still
             # move after an error stop: chip.halt_quiet); HALT changes no counter or memory
             await ctx.tick()
@@ -81,7 +81,7 @@ class _Rig:
         job.where = (ctx.get(chip.pc), ctx.get(chip.cur), ctx.get(chip.state))
         job.ext = [ctx.get(row) for row in self.ext_rows]
         job.scratchpad = [ctx.get(row) for row in self.spad_rows]
-        if self.harness.config.gather and ctx.get(chip.error):
+        if self.harness.config.generated and ctx.get(chip.error):
             job.error = (ctx.get(chip.error_kind), ctx.get(chip.error_pc), ctx.get(chip.error_info))
 
     def run(self, job, vcd=None):

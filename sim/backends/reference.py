@@ -19,8 +19,8 @@ from __future__ import annotations
 from hdl.arith import (EXP_TABLE, SOFTMAX_NUM, argmax_first, divu, requant, s8, softmax_q16,
                        unpack_word, vadd_sat)
 from hdl.config import BOOK, ChipConfig
-from hdl.isa import (COUNTER_INDEX, COUNTER_OF, RESIDENT_OPS, IsaError, Op, busy_cycles, legal_ops, operands,
-                     resident_busy_cycles, resident_runs, seq_cycles, validate)
+from hdl.isa import (COUNTER_INDEX, COUNTER_OF, RESIDENT_OPS, ErrorKind, IsaError, Op, busy_cycles, issue_stop,
+                     legal_ops, operands, resident_busy_cycles, resident_runs, seq_cycles, validate)
 from hdl.isa import MM_RQ_OPS
 
 from sim.backends import (MAX_CYCLES, Backend, BadInput, DidNotHalt, ErrorStop, RunResult, SimError,
@@ -57,7 +57,9 @@ class ReferenceMachine(Backend):
         When true (the default) every executed instruction goes through ``hdl.isa.validate`` and an
         illegal one raises `IllegalInstruction`. When false the machine does what the hardware does:
         addresses wrap, external reads past the end give 0xDEADBEEF, writes past the end are
-        dropped, and a zero length or M/K/N hangs (`DidNotHalt`).
+        dropped, and a zero length or M/K/N hangs the book's chip (`DidNotHalt`) and stops any other
+        (``hdl.isa.issue_stop``: the word is issued as a HALT and the result's ``error`` says why). An
+        opcode the chip does not have hangs the book's chip and stops any other in both modes.
     config : hdl.config.ChipConfig
         The chip modelled (the book's by default): its scratchpad depth, program ROM, the MM unit's
         limits and cycle model, the counters' width.
@@ -120,15 +122,30 @@ class ReferenceMachine(Backend):
                 if trace is not None:
                     trace.append(TraceEntry(pc, fetch, issue, issue, seq))
                 break
+            stop = None
             if op not in legal:
-                # no unit answers: the sequencer waits forever while cyc_vec counts
-                raise DidNotHalt(f"did not halt within {limit} cycles (pc {pc}: illegal opcode {op})")
-            if check:
+                if not cfg.generated:
+                    # no unit answers: the sequencer waits forever while cyc_vec counts
+                    raise DidNotHalt(f"did not halt within {limit} cycles (pc {pc}: illegal opcode {op})")
+                stop = ErrorKind.OPCODE, op
+            elif check:
                 try:
                     validate(word, ext_words=n_ext, index=pc, cfg=cfg)
                 except IsaError as e:
                     raise IllegalInstruction(str(e)) from None
-            else:
+            elif cfg.generated:
+                stop = issue_stop(word, cfg)
+            if stop is not None:
+                # a chip other than the book's issues the word as a HALT with its error state set
+                counters[0] += seq
+                if counters[0] > limit:
+                    raise DidNotHalt(f"did not halt within {limit} cycles (pc {pc}: an error stop issued at "
+                                     f"cycle {issue})")
+                if trace is not None:
+                    trace.append(TraceEntry(pc, fetch, issue, issue, seq))
+                error = ErrorStop(stop[0].label, pc, stop[1])
+                break
+            if not check:
                 self._hang_check(o, pc, limit, cfg)
             if op in RESIDENT_OPS:
                 # the data moves before the counters here: an error stop shortens the busy time
@@ -180,12 +197,8 @@ class ReferenceMachine(Backend):
             if o["M"] > n or o["N"] > n or o["K"] > k:
                 raise IllegalInstruction(f"instruction {pc} (MM): M={o['M']} K={o['K']} N={o['N']} "
                                          f"exceeds the {n}x{n} array / {k}-deep operand memories (not modelled)")
-        elif op in RESIDENT_OPS:
-            if o["hi"] <= o["lo"]:
-                raise IllegalInstruction(f"instruction {pc} ({op.name}): hi = {o['hi']} <= lo = {o['lo']} "
-                                         f"(not modelled: docs/resident.md requires hi > lo)")
-        elif op in MM_RQ_OPS:
-            pass                # no length: RQC always ends
+        elif op in RESIDENT_OPS or op in MM_RQ_OPS:
+            pass                # no length: RQC always ends, and hi <= lo is an empty walk (no lookup, no word)
         elif o["len"] == 0:
             raise DidNotHalt(f"did not halt within {limit} cycles (pc {pc}: {op.name} with len = 0)")
 

@@ -382,16 +382,20 @@ class VerilatorBackend(Backend):
         driver = DRIVER.read_text()
         cfg = self.config
         defines = [f"-DGA2_EXT={ext}", f"-DGA2_LAT={lat}", f"-DGA2_SPAD={cfg.spad_depth}"]
-        if cfg.gather:      # the harness has the scratchpad backdoor and the error outputs
+        if cfg.gather:      # the harness has the scratchpad backdoor
             defines.append("-DGA2_GATHER=1")
         if self.asserts:    # the driver reports a failed assertion and goes on with the next job
             defines.append("-DGA2_ASSERT=1")
         if self.design is not _chip_harness:
             from amaranth.back import verilog
             design = self.design(ext, lat) if cfg == BOOK else self.design(ext, lat, cfg)
+            if "error" in design.signature.members:     # a stand-in may have the book's ports only
+                defines.append("-DGA2_ERRORS=1")
             exe = self._built(verilog.convert(design, name=TOP, emit_src=False), driver, defines, ext, lat)
             self._models[key] = exe
             return exe
+        if cfg.generated:   # the harness of any chip but the book's has the error outputs
+            defines.append("-DGA2_ERRORS=1")
         # Emitting the chip's Verilog takes seconds, so for the default design a shortcut maps the
         # hdl/ sources (+ everything else that goes into the model) to the model built from them.
         source_key = _hdl_source_key()

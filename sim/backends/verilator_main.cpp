@@ -5,9 +5,9 @@
 //            word first), EXT words of external memory, NS (0, or GA2_SPAD for an initial scratchpad),
 //            NS scratchpad words.
 //   results: magic, njobs, then per job: halted, edges clocked after start, the five counters,
-//            run time in ns (two words, low first), error, error_kind, error_pc, error_info (zeros on a
-//            chip without gather), EXT words of final external memory, then the GA2_SPAD words of the
-//            final scratchpad.
+//            run time in ns (two words, low first), error, error_kind, error_pc, error_info (GA2_ERRORS
+//            models: a chip other than the book's; zeros otherwise), EXT words of final external memory,
+//            then the GA2_SPAD words of the final scratchpad.
 // Per job (hardware spec 6.2): one reset edge, one idle edge, the ROM, the non-zero external words and
 // (GA2_GATHER models only: resident mode, docs/resident.md) the non-zero initial scratchpad words through
 // the backdoor ports (a fresh model starts with every memory at zero, as the book's testbench zeroes the
@@ -180,7 +180,7 @@ int main(int argc, char** argv) {
         out.push_back(m->n_inst);
         out.push_back((uint32_t)ns);
         out.push_back((uint32_t)(ns >> 32));
-#ifdef GA2_GATHER
+#ifdef GA2_ERRORS
         out.push_back(m->error);
         out.push_back(m->error_kind);
         out.push_back(m->error_pc);

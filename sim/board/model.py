@@ -127,7 +127,7 @@ class BoardModel:
         return answer()
 
     def _run(self, args: RunArgs) -> bytes:
-        from sim.backends import DidNotHalt
+        from sim.backends import DidNotHalt, ErrorStop
         from sim.backends.reference import ReferenceMachine
         ext, spad = self.mem[Space.EXT], self.mem[Space.SPAD]
         ref = ReferenceMachine(max_cycles=args.max_cycles, check=False, config=self.config)
@@ -138,7 +138,7 @@ class BoardModel:
                                    bytes(dirty_map_bytes(len(spad)))).pack()
         ext_dirty = self._mark(ext, r.ext)
         spad_dirty = self._mark(spad, r.scratchpad)
-        kinds = {"row": 1, "page": 2}
+        kinds = {label: code for code, label in ErrorStop.KINDS.items()}     # the chip's error_kind codes
         e = r.error
         return RunResultFields(1, kinds[e.kind] if e else 0, e.pc if e else 0, e.info if e else 0,
                                tuple(r.counters), ext_dirty, spad_dirty).pack()

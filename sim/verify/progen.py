@@ -25,15 +25,15 @@ from array import array
 from dataclasses import dataclass
 
 from hdl.config import BOOK
-from hdl.isa import (SPAD_WORDS, Instr, Op, amax, busy_cycles, halt, hw_operands, ld, mm, rq, rqc, sm, st,
-                     unpack, validate, vadd)
+from hdl.isa import (HW_OPERANDS, SPAD_WORDS, Instr, Op, amax, busy_cycles, halt, hw_operands, issue_limits,
+                     issue_stop, ld, legal_ops, mm, rq, rqc, sm, st, unpack, validate, vadd)
 
 from sim.backends import MAX_CYCLES, MAX_LAT
 from sim.formats.hexfile import ProgramRecord, make_record
 
 __all__ = ["random_program", "random_suite", "directed_suite", "LAYOUT", "Knobs", "draw_knobs", "ignored_bits",
-           "max_len", "FuzzCase", "fuzz_case", "MIX_CONFIGS", "CI_CONFIGS", "resident_program", "RESIDENT_SHARE",
-           "RESIDENT_CI_CONFIGS"]
+           "max_len", "FuzzCase", "fuzz_case", "stop_word", "STOP_SHARE", "MIX_CONFIGS", "CI_CONFIGS",
+           "resident_program", "RESIDENT_SHARE", "RESIDENT_CI_CONFIGS"]
 
 # Scratchpad: four 256-word arenas at 0..1023 loaded from ext[0..1023]; results at the top of the
 # scratchpad (so the 12-bit address limit is exercised); the result area is stored to the top of EXT.
@@ -656,11 +656,55 @@ def fuzz_case(seed: int, index: int, configs=MIX_CONFIGS, budget: int = MAX_CYCL
             random.Random(f"ga2-fuzz-resident {seed} {index}").random() < RESIDENT_SHARE:
         rng = random.Random(f"ga2-fuzz-resident {seed} {index} {ext} {lat}")
         program, image, spad = resident_program(rng, ext, lat, budget, config)
-        return FuzzCase(seed, index, ext, lat, None, program, image, spad)
+        return FuzzCase(seed, index, ext, lat, None, _with_stop(seed, index, program, config), image, spad)
     rng = random.Random(f"ga2-fuzz {seed} {index} {ext} {lat}")
     knobs = draw_knobs(rng, budget)
     program, image = random_program(rng, ext, knobs, lat, config)
-    return FuzzCase(seed, index, ext, lat, knobs, program, image)
+    return FuzzCase(seed, index, ext, lat, knobs, _with_stop(seed, index, program, config), image)
+
+
+# Share of the mix whose program has one word the chip stops on (`stop_word`), on a chip other than the
+# book's (which hangs there instead).
+STOP_SHARE = 0.1
+
+
+def stop_word(rng: random.Random, cfg) -> int:
+    """A word the chip `cfg` stops on when it issues it (``hdl.isa.issue_stop``; a chip other than the book's):
+    an opcode it does not have, a zero length or MM dimension, or an MM dimension past the array or the
+    operand memories, every other bit random."""
+    illegal = [op for op in range(16) if op not in legal_ops(cfg)]
+    checked = [op for op in legal_ops(cfg) if issue_limits(op, cfg)]
+    while True:
+        kind = rng.randrange(3)
+        word = rng.getrandbits(124)
+        if kind == 0 and illegal:
+            word |= rng.choice(illegal) << 124
+        elif kind > 0:
+            op = rng.choice(checked)
+            name, (least, most) = rng.choice(sorted(issue_limits(op, cfg).items()))
+            hi, lo = HW_OPERANDS[op][name]
+            top = (1 << (hi - lo + 1)) - 1
+            if kind == 2 and most >= top:
+                continue                    # no value of this field is past its range
+            value = 0 if kind == 1 else rng.randint(most + 1, top)
+            word = (op << 124) | (word & ~(top << lo)) | (value << lo)
+        if issue_stop(word, cfg) is not None:
+            return word
+
+
+def _with_stop(seed: int, index: int, program: list[int], config) -> list[int]:
+    """`program` with, one time in 1 / `STOP_SHARE` on a chip other than the book's, one word before its
+    HALT replaced by a `stop_word` (drawn from a generator of its own: the rest of the program is as
+    without it)."""
+    if config is None or not config.generated:
+        return program
+    rng = random.Random(f"ga2-fuzz-stop {seed} {index}")
+    if rng.random() >= STOP_SHARE:
+        return program
+    end = next(pc for pc, w in enumerate(program) if w >> 124 == Op.HALT)
+    program = list(program)
+    program[rng.randrange(end + 1)] = stop_word(rng, config)
+    return program
 
 
 # ---- resident-mode programs (GATHER/SCATTER, docs/resident.md) ------------------------------------
