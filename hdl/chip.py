@@ -27,14 +27,15 @@ run's first instruction and for the HALT of an error stop. On the book's chip th
 """
 
 from amaranth.hdl import Cat, Module, Mux, Signal
-from amaranth.lib import enum, wiring
+from amaranth.lib import data, enum, wiring
 from amaranth.lib.wiring import In, Out, connect, flipped
 
 from .config import BOOK
-from .isa import COUNTER_INDEX, COUNTER_OF, HW_OPERANDS, MM_RQ_OPS, Op, issue_limits, legal_ops
-from .properties import History
+from .isa import COUNTER_INDEX, COUNTER_OF, HW_OPERANDS, MM_RQ_OPS, RQC_BUSY, Op, issue_limits, legal_ops
+from .properties import History, checking
 from .scratchpad import Scratchpad, SpadPort
 from .units.amax import ArgmaxUnit
+from .units.base import operand_bits, operand_layout
 from .units.ld import DMA
 from .units.mm import MatrixUnit
 from .units.rq import RequantUnit
@@ -67,7 +68,12 @@ CHIP_PROPERTIES = {
 # hdl.isa.issue_stop), as CHIP_PROPERTIES.
 RESIDENT_CHIP_PROPERTIES = {
     "halt_quiet": "in HALT (an error stop's included) no unit is busy: nothing moves after the chip stops",
+    "wait_bounded": "the k-th WAIT cycle of an instruction has k <= its busy time (hdl.isa.busy_cycles; LD and "
+                    "GATHER with a memory LAT up to MAX_LAT, SCATTER at its normal end): no word hangs the chip",
 }
+# The memory latency the wait_bounded property allows LD and GATHER (sim.backends.MAX_LAT): the chip does not
+# know its memory's.
+WAIT_MAX_LAT = 1024
 
 # The properties of a chip with prefetch=1 (docs/prefetch.md), as CHIP_PROPERTIES: issue_quiet is its own,
 # counters replaces the book's statement (only the run's first instruction and an error stop's HALT are
@@ -415,6 +421,7 @@ class GA2(wiring.Component):
             overlap = (st == SeqState.WAIT) & done
             if cfg.gather:
                 overlap = overlap & ~failed
+            self._overlap = overlap
             ahead = Signal(16, name="ahead")
             m.d.comb += [go.eq((st == SeqState.ISSUE) & ~self.error | overlap if cfg.gather
                                else (st == SeqState.ISSUE) | overlap),
@@ -494,6 +501,39 @@ class GA2(wiring.Component):
 
         self._check_properties(m, ins, sp.port, every)
         return m
+
+    def _check_wait_bounded(self, m, h, ins, every):
+        """``wait_bounded`` (`RESIDENT_CHIP_PROPERTIES`): the WAIT cycles of the instruction in `ins` are at most
+        its busy time, the units' own formula for those whose time is the instruction's (their
+        ``busy_cycles``, asserted exactly in each unit), an upper bound for the others."""
+        cfg, st, cur = self.config, self.state, self.cur
+        waited = Signal(25, name="waited")          # GATHER moves up to 255 << 15 words
+        with m.If(st == SeqState.WAIT):
+            m.d.sync += waited.eq(waited + 1)
+        with m.Else():
+            m.d.sync += waited.eq(1)
+        if cfg.prefetch:
+            with m.If((st == SeqState.WAIT) & self._overlap):
+                m.d.sync += waited.eq(1)            # the next instruction's W1 follows at once
+        bound = Signal(25, name="wait_bound")
+        with m.Switch(cur):
+            for op, unit in every.items():
+                with m.Case(op):
+                    opr = data.View(operand_layout(op, cfg), operand_bits(ins, op, cfg))
+                    if op == Op.LD:
+                        m.d.comb += bound.eq(opr.len + WAIT_MAX_LAT + 1)
+                    elif op in (Op.GATHER, Op.SCATTER):
+                        runs = Mux(opr.hi > opr.lo, ((opr.hi - 1) >> opr.page_log2) - (opr.lo >> opr.page_log2) + 1, 0)
+                        words = (opr.hi - opr.lo) << opr.row_log2
+                        tail = WAIT_MAX_LAT + 1 if op == Op.GATHER else 2
+                        m.d.comb += bound.eq(2 * runs + Mux(opr.hi > opr.lo, words, 0) + tail)
+                    else:
+                        m.d.comb += bound.eq(unit.busy_cycles(opr))
+            if cfg.mm_rq:
+                with m.Case(Op.RQC):
+                    m.d.comb += bound.eq(RQC_BUSY)
+        h.check("wait_bounded", (st != SeqState.WAIT) | (waited <= bound), RESIDENT_CHIP_PROPERTIES["wait_bounded"],
+                covers={"a WAIT cycle": st == SeqState.WAIT})
 
     def _check_properties(self, m, ins, sp, every):
         """The chip's properties (``CHIP_PROPERTIES``) as Asserts; ``python -m sim.formal`` proves them."""
@@ -582,6 +622,9 @@ class GA2(wiring.Component):
                 busy = busy | u.busy
             h.check("halt_quiet", (st != SeqState.HALT) | ~busy, RESIDENT_CHIP_PROPERTIES["halt_quiet"],
                     covers={"HALT": st == SeqState.HALT, "an error stop": (st == SeqState.HALT) & self.error})
+
+        if self.config.generated and checking():
+            self._check_wait_bounded(m, h, ins, every)
 
         was_halt = h.past(st == SeqState.HALT, "halt")
         h.check("halt_stays", ~(h.valid & was_halt) | ((st == SeqState.HALT) & self.halted),

@@ -20,7 +20,7 @@ import contextvars
 
 from amaranth.hdl import Assert, Cover, ResetSignal, Signal, Value
 
-__all__ = ["History", "unit_protocol", "UNIT_PROPERTIES", "covers", "COVER_TAG"]
+__all__ = ["History", "unit_protocol", "UNIT_PROPERTIES", "covers", "COVER_TAG", "checks", "checking"]
 
 # The cover of property "<scope>.<name>" has the message "<scope>.<name>" + COVER_TAG + " <event>".
 COVER_TAG = ".cover:"
@@ -35,6 +35,28 @@ def covers():
         yield
     finally:
         _COVERS.reset(token)
+
+
+_CHECKS = contextvars.ContextVar("ga2_simulation_checks", default=False)
+
+
+@contextlib.contextmanager
+def checks():
+    """Within this block, designs elaborated also carry the checks that only a simulation or a proof needs:
+    a unit's exact completion, a generated chip's WAIT bound (issue 24), counters and arithmetic that the
+    synthesized chip would carry for nothing. The Amaranth backend, the tests' simulations and
+    ``sim.formal`` elaborate inside it; outside it (``sim.verilog``, synthesis, the Verilator models) the
+    design is as without these checks."""
+    token = _CHECKS.set(True)
+    try:
+        yield
+    finally:
+        _CHECKS.reset(token)
+
+
+def checking() -> bool:
+    """True inside `checks`."""
+    return _CHECKS.get()
 
 # The start/busy/done contract that every unit (the seven of hdl/units/ and the LD engine) obeys,
 # by property name; the text is the one-line statement printed by sim.verify.formal and used in the message.

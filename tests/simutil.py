@@ -11,6 +11,8 @@ import os
 from amaranth.hdl import Fragment, Module
 from amaranth.sim import Simulator
 
+from hdl.properties import checks
+
 __all__ = ["run", "built"]
 
 
@@ -30,7 +32,8 @@ def run(dut, bench, *, clocked: bool = True, domain=None):
         top.domains.sync = domain
         top.submodules.dut = dut
         dut = top
-    sim = Simulator(dut)
+    with checks():                      # the simulation-only checks too (hdl.properties.checks)
+        sim = Simulator(dut)
     if clocked:
         sim.add_clock(1e-6)
     result = {}

@@ -103,7 +103,7 @@ def test_start_while_busy_fails_on_restarting_vadd():
 
 
 def test_store_unit_contract_proved():
-    got = formal.prove(TARGETS["st"], list(TARGETS["st"].properties), 8, TOOLS)
+    got = formal.prove(TARGETS["st"], sorted(TARGETS["st"].induct), 8, TOOLS)
     assert got[0] == "proved"
 
 

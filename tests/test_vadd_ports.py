@@ -285,7 +285,7 @@ def test_two_port_unit_contract_proved_and_a_restarting_one_fails():
     # (a build without Asserts of the scope vadd_ports, e.g. the book's unit, ends in ERROR, not proved)
     target = {t.name: t for t in formal.targets()}["vadd_ports"]
     tools = formal.find_tools()
-    assert formal.prove(target, list(target.properties), formal.UNIT_DEPTH, tools)[0] == "proved"
+    assert formal.prove(target, sorted(target.induct), formal.UNIT_DEPTH, tools)[0] == "proved"
 
     class Restarting(VaddUnit):
         """Re-latches its operands on a start while busy."""

@@ -12,6 +12,7 @@ from amaranth.hdl import Elaboratable, Module
 from amaranth.lib.wiring import connect
 from amaranth.sim import Simulator
 
+from hdl.properties import checks
 from hdl.scratchpad import Scratchpad
 
 __all__ = ["UnitBench", "Cycle", "simulate", "nonzero_words"]
@@ -115,7 +116,8 @@ class UnitBench(Elaboratable):
 def simulate(unit, bench_fn):
     """Run `bench_fn(ctx, bench)` against `UnitBench(unit)` in a fresh simulator; return its result."""
     bench = UnitBench(unit)
-    sim = Simulator(bench)
+    with checks():                      # the simulation-only checks too (hdl.properties.checks)
+        sim = Simulator(bench)
     sim.add_clock(1e-6)
     out = {}
 

@@ -17,11 +17,44 @@ from amaranth.lib import data, wiring
 from amaranth.lib.wiring import In, Out
 
 from hdl.config import BOOK
-from hdl.isa import HW_OPERANDS, Op, hw_operands
-from hdl.properties import UNIT_PROPERTIES, unit_protocol
+from hdl.isa import HW_OPERANDS, Op, busy_cycles, hw_operands, issue_limits
+from hdl.properties import UNIT_PROPERTIES, History, checking, unit_protocol
 from hdl.scratchpad import SpadPort
 
-__all__ = ["Scoped", "Unit", "SpadUnit", "operand", "operand_layout", "operand_bits"]
+__all__ = ["Scoped", "Unit", "SpadUnit", "operand", "operand_layout", "operand_bits", "COMPLETION_PROPERTIES",
+           "linear_busy", "completion_counter"]
+
+# The timing contract as a property (issue 24): a unit's done comes exactly the instruction's busy time after
+# the start edge. sim.verify.formal checks it bounded (a job that ends within the target's depth); every
+# simulation evaluates it (a check of `hdl.properties.checks`: not in the emitted Verilog).
+COMPLETION_PROPERTIES = {
+    "exact_completion": "done comes exactly hdl.isa.busy_cycles(ins, cfg) cycles after the start edge, for the "
+                        "instruction latched at it when the chip runs it (hdl.isa.issue_limits)",
+}
+# Bits of the cycle count since the start: a VADD of 65,535 elements on one port takes 131,072.
+COMPLETION_BITS = 20
+
+
+def linear_busy(op, cfg):
+    """(a, b) with ``hdl.isa.busy_cycles`` of an instruction of `op` and length n equal to a*n + b on the chip
+    `cfg` (the units whose busy time is linear in their length: ST, RQ, SM, VADD, AMAX, UNPACK), taken from
+    the cycle model itself, the one definition; a model that is not linear raises ValueError."""
+    hi, lo = HW_OPERANDS[op]["len"]
+    times = [busy_cycles((int(op) << 124) | (n << lo), cfg=cfg) for n in (0, 1, 2, 1000)]
+    a, b = times[1] - times[0], times[0]
+    if any(t != a * n + b for n, t in zip((0, 1, 2, 1000), times)):
+        raise ValueError(f"the busy time of {Op(op).name} on {cfg.spec()} is not linear in its length")
+    return a, b
+
+
+def completion_counter(m, start, busy):
+    """The cycles since a start edge: 1 in W1, k in Wk (and in the done cycle W_B, B), counted while busy."""
+    waited = Signal(COMPLETION_BITS, name="waited")
+    with m.If(start & ~busy):
+        m.d.sync += waited.eq(1)
+    with m.Elif(busy):
+        m.d.sync += waited.eq(waited + 1)
+    return waited
 
 
 def operand(ins, op, name):
@@ -52,6 +85,9 @@ class Scoped:
     """
 
     OP: Op = None
+    # The busy time is the instruction's (`busy_cycles`), whatever the data and the memory: the unit
+    # asserts `COMPLETION_PROPERTIES`. False for a unit whose time depends on what it reads (GATHER, SCATTER).
+    TIMED = True
 
     @classmethod
     def scope_of(cls, cfg):
@@ -61,8 +97,9 @@ class Scoped:
     @classmethod
     def properties_of(cls, cfg):
         """The properties (name -> statement) this unit has on the chip `cfg`: the unit contract
-        (`hdl.properties.UNIT_PROPERTIES`) and, in a subclass, its own."""
-        return dict(UNIT_PROPERTIES)
+        (`hdl.properties.UNIT_PROPERTIES`), `COMPLETION_PROPERTIES` when `TIMED` and, in a subclass, its
+        own."""
+        return {**UNIT_PROPERTIES, **(COMPLETION_PROPERTIES if cls.TIMED else {})}
 
     @property
     def scope(self):
@@ -200,9 +237,24 @@ class Unit(Scoped, wiring.Component):
         m.d.sync += self.done.eq(0)
 
     def check_protocol(self, m, opr):
-        """The start/busy/done contract (`hdl.properties.UNIT_PROPERTIES`) as Asserts in `m`, under the
-        unit's `scope`."""
+        """The start/busy/done contract (`hdl.properties.UNIT_PROPERTIES`) and, for a `TIMED` unit, the
+        exact completion (`COMPLETION_PROPERTIES`), as Asserts in `m` under the unit's `scope`."""
         unit_protocol(m, self.scope, self.start, self.busy, self.done, opr.as_value())
+        if self.TIMED and checking():
+            # for an instruction the chip runs (hdl.isa.issue_limits: a chip other than the book's stops on
+            # the others; an MM past the array is not this unit's to time)
+            legal = Cat(*(getattr(opr, name) >= least for name, (least, _) in issue_limits(self.OP, self.config).items()),
+                        *(getattr(opr, name) <= most for name, (_, most) in issue_limits(self.OP, self.config).items()))
+            waited = completion_counter(m, self.start, self.busy)
+            History(m, self.scope).check("exact_completion",
+                                         ~self.done | ~legal.all() | (waited == self.busy_cycles(opr)),
+                                         COMPLETION_PROPERTIES["exact_completion"], covers={"done": self.done})
+
+    def busy_cycles(self, opr):
+        """``hdl.isa.busy_cycles`` of the instruction latched in `opr`, as a value: ``a*len + b``
+        (`linear_busy`); the MM unit has its own."""
+        a, b = linear_busy(self.OP, self.config)
+        return a * opr.len + b
 
 
 class SpadUnit(Unit):

@@ -55,7 +55,7 @@ from amaranth.lib.wiring import In, Out
 
 from hdl.config import BOOK
 
-from hdl.isa import Op
+from hdl.isa import RQ_PIPE_CYCLES, Op
 from hdl.properties import History
 from hdl.requant import Requantizer
 from hdl.scratchpad import SpadPort
@@ -330,6 +330,22 @@ class MatrixUnit(SpadUnit):
         `hdl.units.rq.RQ_PIPE_PROPERTIES`."""
         return {**super().properties_of(cfg), **(MM_RQ_PROPERTIES if cfg.mm_rq else {}),
                 **(RQ_PIPE_PROPERTIES if cfg.mm_rq and cfg.rq_pipe else {})}
+
+    def busy_cycles(self, opr):
+        """``hdl.isa.mm_busy_cycles`` of the MM latched in `opr`, as a value (the same formula, written with
+        the unit's widths: L a power of two, so ceil(x/L) is a shift)."""
+        cfg = self.config
+        L = cfg.mm_load
+        lg = (L - 1).bit_length()
+        M, K, N = opr.M, opr.K, opr.N
+        words = Mux(opr.pb, (N + 3) >> 2, N) if cfg.mm_pack else N      # B's words a k: ceil(N/4) packed
+        groups_b = (words + (L - 1)) >> lg
+        if cfg.mm_overlap:
+            groups_a = (M + (L - 1)) >> lg
+            c = Mux(groups_a > groups_b, groups_a, groups_b)
+            last = (opr.rq if cfg.mm_rq else 0) * (RQ_PIPE_CYCLES * cfg.rq_pipe)
+            return (K - 1) * c + Mux(c > 4, c - 1, 3) + M * N + 1 + last
+        return M * ((K + (L - 1)) >> lg) + K * groups_b + (K + M + N - 2) + M * N + 7
 
     def _check(self, m, opr):
         """`properties_of`'s properties as Asserts, under the unit's `scope`."""

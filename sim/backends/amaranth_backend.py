@@ -17,6 +17,7 @@ from hdl.chip import SeqState
 from hdl.config import BOOK
 from hdl.harness import ChipHarness
 from hdl.isa import Op, legal_ops
+from hdl.properties import checks
 from sim.backends import (MAX_CYCLES, Backend, BadInput, DidNotHalt, ErrorStop, RunResult, check_lat,
                          check_max_cycles, image_words, program_words, scratchpad_words)
 
@@ -34,7 +35,8 @@ class _Rig:
         top = Module()
         top.domains.sync = self.cd = ClockDomain("sync")
         top.submodules.harness = self.harness
-        self.sim = Simulator(top)
+        with checks():                  # the simulation-only checks too (hdl.properties.checks)
+            self.sim = Simulator(top)
         self.sim.add_clock(_PERIOD)
         self.sim.add_testbench(self._bench)
         self.job = None

@@ -205,7 +205,9 @@ def targets() -> list[Target]:
 
     # A unit target per scope: each unit's `scope_of` names the scope its Asserts carry on a chip, so the
     # first chip of UNIT_CHIPS that gives a unit a scope builds that scope's target, with the unit's
-    # `properties_of` on it, all by k-induction.
+    # `properties_of` on it, all by k-induction but the exact completion (hdl.units.base.COMPLETION_PROPERTIES),
+    # a bounded check from reset: every job that ends within the target's depth ends exactly on time.
+    from hdl.units.base import COMPLETION_PROPERTIES
     out, seen = [], set()
     for cfg in UNIT_CHIPS:
         for cls in unit_classes(cfg).values():
@@ -213,7 +215,8 @@ def targets() -> list[Target]:
             if scope not in seen:
                 seen.add(scope)
                 props = cls.properties_of(cfg)
-                out.append(Target(scope, lambda cls=cls, cfg=cfg: cls(config=cfg), props, frozenset(props)))
+                out.append(Target(scope, lambda cls=cls, cfg=cfg: cls(config=cfg), props,
+                                  frozenset(props) - frozenset(COMPLETION_PROPERTIES)))
     from dataclasses import replace
 
     from hdl.config import BOOK
@@ -334,9 +337,9 @@ def _emit(target: Target, build: Callable | None = None) -> tuple[str, list[str]
     its message (SymbiYosys names a cover by its ``src``); returns (text, the cover messages)."""
     from amaranth.back import rtlil
 
-    from hdl.properties import covers
+    from hdl.properties import checks, covers
     design = (build or target.build)()
-    with covers():                      # rtlil.convert elaborates the design: inside the block
+    with covers(), checks():            # rtlil.convert elaborates the design: inside the blocks
         text = rtlil.convert(design, name="top")
     return _label_covers(text)
 

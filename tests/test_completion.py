@@ -1,0 +1,62 @@
+"""Exact completion and the WAIT bound (issue 24): the timing contract as properties.
+
+* every unit whose busy time is the instruction's (ST, MM, RQ, SM, VADD, AMAX, UNPACK) asserts that its done
+  comes exactly ``hdl.isa.busy_cycles`` after the start edge (``exact_completion``); every simulation of the
+  tests and of the Amaranth backend evaluates it, and ``sim.formal`` checks it bounded from reset (the jobs
+  that end within a target's depth);
+* a generated chip asserts that no instruction's WAIT outlasts its busy time (``wait_bounded``);
+* both are checks of `hdl.properties.checks`: the emitted Verilog is without them.
+"""
+import pytest
+from amaranth.back import rtlil
+
+import hdl.chip
+from hdl.chip import GA2
+from hdl.config import parse_chip
+from hdl.properties import checks
+from hdl.units.st import StoreUnit
+from sim.verify import formal
+
+TOOLS = formal.find_tools()
+TARGETS = {t.name: t for t in formal.targets()}
+
+
+class LateStore(StoreUnit):
+    """An ST whose own idea of its busy time is one cycle more than its done comes."""
+    def busy_cycles(self, opr):
+        return super().busy_cycles(opr) + 1
+
+
+def test_exact_completion_holds_bounded_and_fails_on_a_late_unit():
+    st = TARGETS["st"]
+    assert "exact_completion" in st.properties and "exact_completion" not in st.induct
+    assert formal.prove(st, ["exact_completion"], 10, TOOLS, mode="bmc")[0] == "bounded"
+    assert formal.prove(st, ["exact_completion"], 10, TOOLS, build=LateStore, mode="bmc")[0] == "FAIL"
+
+
+def test_the_checks_are_not_in_the_emitted_design():
+    plain = rtlil.convert(StoreUnit(), name="top")
+    with checks():
+        checked = rtlil.convert(StoreUnit(), name="top")
+    assert "exact_completion" not in plain and "st.exact_completion" in checked
+    cfg = parse_chip("array=8")
+    assert "wait_bounded" not in rtlil.convert(GA2(config=cfg), name="top")
+
+
+def _chip_target(cfg):
+    return formal.Target("chip", lambda: formal.ChipEnv(chip=lambda: GA2(config=cfg)),
+                         {**hdl.chip.CHIP_PROPERTIES, **hdl.chip.RESIDENT_CHIP_PROPERTIES})
+
+
+@pytest.mark.timeout(600)
+def test_wait_bounded_holds_and_fails_when_a_unit_runs_past_its_time(monkeypatch):
+    """From reset, 8 cycles, any program: the WAIT of every instruction ends within its busy time; with an ST
+    that runs a cycle past it (its bound one less than it takes) the check finds it."""
+    cfg = parse_chip("array=8")
+    assert formal.prove(_chip_target(cfg), ["wait_bounded"], 8, TOOLS, mode="bmc")[0] == "bounded"
+
+    class Slow(StoreUnit):
+        def busy_cycles(self, opr):
+            return super().busy_cycles(opr) - 1
+    monkeypatch.setattr(hdl.chip, "StoreUnit", Slow)
+    assert formal.prove(_chip_target(cfg), ["wait_bounded"], 8, TOOLS, mode="bmc")[0] == "FAIL"
