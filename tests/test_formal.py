@@ -272,7 +272,7 @@ TOY = formal.Target("toy", Wraps, {"never_12": "the counter never reads 12"}, fr
 
 def test_an_inconclusive_induction_is_unproved_and_fails_the_command(monkeypatch, capsys):
     assert formal.prove(TOY, ["never_12"], 8, TOOLS)[0] == "proved"          # it holds: k = 8 shows it
-    monkeypatch.setattr(formal, "targets", lambda: [TOY])
+    monkeypatch.setattr(formal, "targets", lambda *args, **kwargs: [TOY])
     assert formal.main(["--depth", "4"]) == 1
     row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("toy.never_12 "))
     assert row.split()[1:5] == ["prove", "4", "UNPROVED", "reached"]
@@ -282,7 +282,7 @@ def test_an_unreached_cover_fails_the_command(monkeypatch, capsys):
     """The toy counter reads 2 in its third cycle, its cover is seen an edge later: a 2-cycle bounded check
     never saw it."""
     bmc = formal.Target("toy", Wraps, TOY.properties)
-    monkeypatch.setattr(formal, "targets", lambda: [bmc])
+    monkeypatch.setattr(formal, "targets", lambda *args, **kwargs: [bmc])
     assert formal.main(["--depth", "2"]) == 1
     row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("toy.never_12 "))
     assert row.split()[1:4] == ["bmc", "2", "bounded"] and "NOT REACHED" in row and \

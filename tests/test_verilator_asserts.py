@@ -16,14 +16,11 @@ from collections import Counter
 import pytest
 from amaranth.hdl import Signal
 
-from hdl.chip import CHIP_PROPERTIES, PREFETCH_CHIP_PROPERTIES, RESIDENT_CHIP_PROPERTIES
-from hdl.config import BOOK, PRESETS
+from hdl.chip import CHIP_PROPERTIES
+from hdl.config import PRESETS
 from hdl.isa import amax, halt, ld, st
 from hdl.properties import UNIT_PROPERTIES
 from hdl.units.amax import ArgmaxUnit
-from hdl.units.gather import ISOLATION_PROPERTIES
-from hdl.units.mm import MM_RQ_PROPERTIES
-from hdl.units.rq import RQ_PIPE_PROPERTIES
 from sim.backends import AssertionFailed
 from sim.backends.reference import ReferenceMachine
 from sim.verify.progen import RESIDENT_CI_CONFIGS
@@ -52,39 +49,11 @@ def asserted_messages(verilog: str) -> Counter:
     return Counter(msg for guard, msg, cond in _ASSERTED.findall(verilog) if guard == cond)
 
 
-def property_names(messages) -> set:
-    """``scope.name`` of each message ``"scope.name: statement"``."""
-    return {m.split(": ", 1)[0] for m in messages}
-
-
-def chip_property_names(cfg) -> set:
-    """Every property a chip of `cfg` carries, by the scope its block gives it (hdl/units' ``_check``)."""
-    units = {"ld": {}, "st": {}, "sm": {}, "amax": {}, "unpack": {}}
-    if cfg.mm_rq and cfg.rq_pipe:
-        units["mm_rq_pipe"] = {**MM_RQ_PROPERTIES, **RQ_PIPE_PROPERTIES}
-    else:
-        assert not (cfg.mm_rq or cfg.mm_pack or cfg.mm_overlap or cfg.rq_pipe), "a chip this test does not list"
-        units["mm"] = {}
-    units["rq_pipe" if cfg.rq_pipe else "rq"] = RQ_PIPE_PROPERTIES if cfg.rq_pipe else {}
-    units["vadd_ports" if cfg.vadd_ports == 2 else "vadd"] = {}
-    chip = dict(CHIP_PROPERTIES)
-    if cfg.gather:
-        units["gather"] = units["scatter"] = ISOLATION_PROPERTIES
-        chip.update(RESIDENT_CHIP_PROPERTIES)
-    if cfg.prefetch:                    # docs/prefetch.md: the chip's properties under the scope prefetch
-        chip.update(PREFETCH_CHIP_PROPERTIES)
-    names = {f"{'prefetch' if cfg.prefetch else 'chip'}.{p}" for p in chip}
-    for scope, extra in units.items():
-        names |= {f"{scope}.{p}" for p in {**UNIT_PROPERTIES, **extra}}
-    return names
-
-
-def test_every_assert_of_the_chip_is_an_immediate_assertion_in_its_verilog(monkeypatch):
-    """The harness emitted as the Verilator backend emits it: one ``assert`` per `History.check` call."""
-    from amaranth.back import verilog
-
+def design_messages(design) -> Counter:
+    """The message of every `Assert` the design's blocks add through `hdl.properties.History.check`,
+    counted, found by elaborating `design` (no Verilog)."""
     import hdl.properties
-    from hdl.harness import ChipHarness
+    from amaranth.hdl import Fragment
     made = Counter()
     check = hdl.properties.History.check
 
@@ -92,10 +61,26 @@ def test_every_assert_of_the_chip_is_an_immediate_assertion_in_its_verilog(monke
         made[f"{self.scope}.{name}: {text}"] += 1
         return check(self, name, holds, text, *args, **kwargs)
 
-    monkeypatch.setattr(hdl.properties.History, "check", counted)
+    hdl.properties.History.check = counted
+    try:
+        Fragment.get(design, None)
+    finally:
+        hdl.properties.History.check = check
+    return made
+
+
+def test_every_assert_of_the_chip_is_an_immediate_assertion_in_its_verilog():
+    """The harness emitted as the Verilator backend emits it: one ``assert`` per `History.check` call, and
+    among them the chip's and every unit's contract."""
+    from amaranth.back import verilog
+
+    from hdl.harness import ChipHarness
+    made = design_messages(ChipHarness(ext_words=64, lat=3))
     text = verilog.convert(ChipHarness(ext_words=64, lat=3), name="ga2_harness", emit_src=False)
     assert made and asserted_messages(text) == made
-    assert property_names(made) == chip_property_names(BOOK)
+    names = {m.split(": ", 1)[0] for m in made}
+    assert {f"chip.{p}" for p in CHIP_PROPERTIES} <= names
+    assert {f"{u}.{p}" for u in ("ld", "st", "mm", "rq", "sm", "vadd", "amax", "unpack") for p in UNIT_PROPERTIES} <= names
 
 
 class LateAmax(ArgmaxUnit):
@@ -163,7 +148,9 @@ def test_fuzz_slice_with_assertions(chip):
                                 f"{SLICE_COUNT} programs differ:\n{out.getvalue()}")
     (ext, lat), = SLICE_CONFIGS[chip]
     model = be.model(ext, lat).parent
-    assert property_names(asserted_messages((model / "harness.v").read_text())) == chip_property_names(cfg)
+    from hdl.harness import ChipHarness
+    assert asserted_messages((model / "harness.v").read_text()) == design_messages(
+        ChipHarness(ext_words=ext, lat=lat, config=cfg))
     assert " --assert " in (model / "build.log").read_text().splitlines()[0]
 
 
