@@ -328,7 +328,7 @@ def test_fuzz_mix_on_verilator_equals_the_reference():
     except BackendUnavailable as exc:
         pytest.skip(f"verilator backend unavailable: {exc}")
     ref = ReferenceMachine(config=cfg, check=False)
-    cases = [fuzz_case(2026, i, ((cfg.ext_words, 8),), 40_000, cfg) for i in range(40)]
+    cases = [fuzz_case(2026, i, ((cfg.ext_words, 8),), 40_000, cfg) for i in range(60)]
     results = chip.run_many([(c.program, c.image, c.lat, c.scratchpad) for c in cases])
     fused = 0
     for c, got in zip(cases, results):
