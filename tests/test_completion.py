@@ -1,9 +1,13 @@
-"""Exact completion and the WAIT bound (issue 24): the timing contract as properties.
+"""Exact completion, the write regions and the WAIT bound (issue 24): the timing contract, and where the
+units write, as properties.
 
 * every unit whose busy time is the instruction's (ST, MM, RQ, SM, VADD, AMAX, UNPACK) asserts that its done
   comes exactly ``hdl.isa.busy_cycles`` after the start edge (``exact_completion``); every simulation of the
   tests and of the Amaranth backend evaluates it, and ``sim.formal`` checks it bounded from reset (the jobs
   that end within a target's depth);
+* every unit that writes the scratchpad asserts that each write lies in its instruction's destination region
+  (``write_region``: MM's dst + m*ldc + n in m-major order, the vector units' [dst, dst + words), GATHER's
+  [spad, spad + words));
 * a generated chip asserts that no instruction's WAIT outlasts its busy time (``wait_bounded``);
 * both are checks of `hdl.properties.checks`: the emitted Verilog is without them.
 """
@@ -60,3 +64,25 @@ def test_wait_bounded_holds_and_fails_when_a_unit_runs_past_its_time(monkeypatch
             return super().busy_cycles(opr) - 1
     monkeypatch.setattr(hdl.chip, "StoreUnit", Slow)
     assert formal.prove(_chip_target(cfg), ["wait_bounded"], 8, TOOLS, mode="bmc")[0] == "FAIL"
+
+
+def _variant(module, old, new):
+    """`module`'s source with `old` replaced by `new` (exactly once), loaded as a module of its own."""
+    import importlib.util
+    from pathlib import Path
+    text = Path(module.__file__).read_text()
+    assert text.count(old) == 1, old
+    spec = importlib.util.spec_from_loader(f"{module.__name__}_broken", loader=None)
+    mod = importlib.util.module_from_spec(spec)
+    mod.__package__ = module.__package__
+    exec(compile(text.replace(old, new), module.__file__, "exec"), mod.__dict__)
+    return mod
+
+
+def test_write_region_holds_bounded_and_fails_on_a_unit_writing_past_dst():
+    import hdl.units.amax as amax
+    target = TARGETS["amax"]
+    assert "write_region" in target.properties and "write_region" not in target.induct
+    assert formal.prove(target, ["write_region"], 10, TOOLS, mode="bmc")[0] == "bounded"
+    broken = _variant(amax, "self.spad.waddr.eq(dst),", "self.spad.waddr.eq(dst + 1),")
+    assert formal.prove(target, ["write_region"], 10, TOOLS, build=broken.ArgmaxUnit, mode="bmc")[0] == "FAIL"

@@ -35,3 +35,16 @@ def test_unit_asserts_are_under_the_scope_the_unit_chooses(preset):
         assert asserted(cls(config=cfg)) == {scope: set(props)}, (preset, op)
         assert scope in targets, (preset, op, scope)
         assert targets[scope].properties == props, (preset, op, scope)
+
+
+@pytest.mark.parametrize("preset", sorted(PRESETS))
+def test_one_chips_formal_targets_follow_its_scopes(preset):
+    """``python -m sim.formal --chip SPEC``: that chip's units under their scopes there, then the chip."""
+    from hdl.chip import RESIDENT_CHIP_PROPERTIES
+    cfg = PRESETS[preset]
+    targets = formal.targets(cfg)
+    assert [t.name for t in targets] == ([cls.scope_of(cfg) for cls in unit_classes(cfg).values()] +
+                                         ["prefetch" if cfg.prefetch else "chip"])
+    chip = targets[-1]
+    assert (set(RESIDENT_CHIP_PROPERTIES) <= set(chip.properties)) == cfg.generated
+    assert chip.induct == {"state_legal", "halt_stays"}

@@ -22,6 +22,10 @@ class ArgmaxUnit(SpadUnit):
 
     OP = Op.AMAX
 
+    def out_words(self, opr):
+        """The index goes to dst alone."""
+        return 1
+
     def elaborate(self, platform):
         m = Module()
         opr = self.operand_register()

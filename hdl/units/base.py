@@ -22,7 +22,7 @@ from hdl.properties import UNIT_PROPERTIES, History, checking, unit_protocol
 from hdl.scratchpad import SpadPort
 
 __all__ = ["Scoped", "Unit", "SpadUnit", "operand", "operand_layout", "operand_bits", "COMPLETION_PROPERTIES",
-           "linear_busy", "completion_counter"]
+           "WRITE_PROPERTIES", "linear_busy", "completion_counter"]
 
 # The timing contract as a property (issue 24): a unit's done comes exactly the instruction's busy time after
 # the start edge. sim.verify.formal checks it bounded (a job that ends within the target's depth); every
@@ -30,6 +30,15 @@ __all__ = ["Scoped", "Unit", "SpadUnit", "operand", "operand_layout", "operand_b
 COMPLETION_PROPERTIES = {
     "exact_completion": "done comes exactly hdl.isa.busy_cycles(ins, cfg) cycles after the start edge, for the "
                         "instruction latched at it when the chip runs it (hdl.isa.issue_limits)",
+}
+# Where a unit writes (issue 24): every scratchpad write of a unit lies in the destination region of the
+# instruction it runs (checked as `COMPLETION_PROPERTIES`: a check of `hdl.properties.checks`, bounded in
+# sim.formal).
+WRITE_PROPERTIES = {
+    "write_region": "every scratchpad write lies in the instruction's destination region: [dst, dst + words) "
+                    "modulo the depth (RQ, SM, VADD: len words; UNPACK 8*len; AMAX 1), MM's dst + m*ldc + n in "
+                    "m-major order, GATHER's [spad, spad + words) for a response to one of its requests; for an "
+                    "instruction the chip runs (hdl.isa.issue_limits)",
 }
 # Bits of the cycle count since the start: a VADD of 65,535 elements on one port takes 131,072.
 COMPLETION_BITS = 20
@@ -99,7 +108,8 @@ class Scoped:
         """The properties (name -> statement) this unit has on the chip `cfg`: the unit contract
         (`hdl.properties.UNIT_PROPERTIES`), `COMPLETION_PROPERTIES` when `TIMED` and, in a subclass, its
         own."""
-        return {**UNIT_PROPERTIES, **(COMPLETION_PROPERTIES if cls.TIMED else {})}
+        return {**UNIT_PROPERTIES, **(COMPLETION_PROPERTIES if cls.TIMED else {}),
+                **(WRITE_PROPERTIES if getattr(cls, "WRITES", False) and cls.OP != Op.LD else {})}
 
     @property
     def scope(self):
@@ -240,15 +250,33 @@ class Unit(Scoped, wiring.Component):
         """The start/busy/done contract (`hdl.properties.UNIT_PROPERTIES`) and, for a `TIMED` unit, the
         exact completion (`COMPLETION_PROPERTIES`), as Asserts in `m` under the unit's `scope`."""
         unit_protocol(m, self.scope, self.start, self.busy, self.done, opr.as_value())
-        if self.TIMED and checking():
-            # for an instruction the chip runs (hdl.isa.issue_limits: a chip other than the book's stops on
-            # the others; an MM past the array is not this unit's to time)
-            legal = Cat(*(getattr(opr, name) >= least for name, (least, _) in issue_limits(self.OP, self.config).items()),
-                        *(getattr(opr, name) <= most for name, (_, most) in issue_limits(self.OP, self.config).items()))
+        if not checking():
+            return
+        # both for an instruction the chip runs (hdl.isa.issue_limits: a chip other than the book's stops on
+        # the others; the book's hangs on a zero length, and an MM past the array is not this unit's to time)
+        limits = issue_limits(self.OP, self.config).items()
+        legal = Cat(*(getattr(opr, name) >= least for name, (least, _) in limits),
+                    *(getattr(opr, name) <= most for name, (_, most) in limits)).all()
+        if self.TIMED:
             waited = completion_counter(m, self.start, self.busy)
-            History(m, self.scope).check("exact_completion",
-                                         ~self.done | ~legal.all() | (waited == self.busy_cycles(opr)),
+            History(m, self.scope).check("exact_completion", ~self.done | ~legal | (waited == self.busy_cycles(opr)),
                                          COMPLETION_PROPERTIES["exact_completion"], covers={"done": self.done})
+        if self.WRITES:
+            write = self.spad.we & self.write_counts(opr)
+            History(m, self.scope).check("write_region", ~write | ~legal | self.write_inside(m, opr),
+                                         WRITE_PROPERTIES["write_region"], covers={"a write": write})
+
+    def write_counts(self, opr):
+        """Whether a write this cycle is one of the instruction's (1; GATHER: a response to its requests)."""
+        return 1
+
+    def write_inside(self, m, opr):
+        """The write this cycle (``spad.waddr``) lies in [dst, dst + `out_words`) modulo the depth."""
+        return (self.spad.waddr - opr.dst)[:self.config.spad_addr_bits] < self.out_words(opr)
+
+    def out_words(self, opr):
+        """The words the instruction in `opr` writes from its dst: len (RQ, SM, VADD)."""
+        return opr.len
 
     def busy_cycles(self, opr):
         """``hdl.isa.busy_cycles`` of the instruction latched in `opr`, as a value: ``a*len + b``

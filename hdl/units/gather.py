@@ -257,6 +257,18 @@ class GatherUnit(Isolated, SpadUnit):
 
     OP = Op.GATHER
 
+    def write_counts(self, opr):
+        """A write is one of the instruction's when it is the response to one of its requests: some are
+        outstanding, no more than a memory of latency up to 1024 can have (a response nobody asked for, which
+        only a free environment sends, runs the count past that)."""
+        outstanding = (self._count.issued - self._count.recvd)[:self._count.width]
+        return self.busy & (outstanding != 0) & (outstanding <= 1024)
+
+    def write_inside(self, m, opr):
+        """Response k goes to spad + k, k below the words of [lo, hi): [spad, spad + words)."""
+        words = (opr.hi - opr.lo) << opr.row_log2
+        return (self.spad.waddr - opr.spad)[:self.config.spad_addr_bits] < words
+
     def ports(self, cfg):
         return {**super().ports(cfg),
                 "req_valid":  Out(1),
@@ -306,6 +318,7 @@ class GatherUnit(Isolated, SpadUnit):
 
         walk.control(start_extra=count.clear(), found=[src.eq(walk.pool_addr)],
                      move=move, stop_entry=[tail.eq(cfg.lat)], end=end, stop=stop)
+        self._count = count
         self.check_protocol(m, opr)
         walk.check_isolation(self.req_valid, self.req_addr, src)
         return m

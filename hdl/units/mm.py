@@ -331,6 +331,21 @@ class MatrixUnit(SpadUnit):
         return {**super().properties_of(cfg), **(MM_RQ_PROPERTIES if cfg.mm_rq else {}),
                 **(RQ_PIPE_PROPERTIES if cfg.mm_rq and cfg.rq_pipe else {})}
 
+    def write_inside(self, m, opr):
+        """The write this cycle is C element (m, n) at dst + m*ldc + n (modulo the depth), m < M, n < N, with
+        (m, n) a monitor of its own stepping m-major at each write from (0, 0) at the start."""
+        mon_m, mon_n = Signal.like(opr.M, name="mon_m"), Signal.like(opr.N, name="mon_n")
+        mon_row = self.addr_signal("mon_row")          # dst + m*ldc, kept by adding ldc a row (no multiplier)
+        with m.If(self.start & ~self.busy):
+            m.d.sync += [mon_m.eq(0), mon_n.eq(0), mon_row.eq(operand(self.ins, Op.MM, "dst"))]
+        with m.Elif(self.spad.we):
+            with m.If(mon_n == opr.N - 1):
+                m.d.sync += [mon_n.eq(0), mon_m.eq(mon_m + 1), mon_row.eq(mon_row + opr.ldc)]
+            with m.Else():
+                m.d.sync += mon_n.eq(mon_n + 1)
+        want = (mon_row + mon_n)[:self.config.spad_addr_bits]
+        return (self.spad.waddr == want) & (mon_m < opr.M) & (mon_n < opr.N)
+
     def busy_cycles(self, opr):
         """``hdl.isa.mm_busy_cycles`` of the MM latched in `opr`, as a value (the same formula, written with
         the unit's widths: L a power of two, so ceil(x/L) is a shift)."""

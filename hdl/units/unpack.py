@@ -23,6 +23,10 @@ class UnpackUnit(SpadUnit):
 
     OP = Op.UNPACK
 
+    def out_words(self, opr):
+        """Eight words a source word."""
+        return opr.len << 3
+
     def elaborate(self, platform):
         m = Module()
         opr = self.operand_register()

@@ -48,6 +48,7 @@ from amaranth.lib.wiring import In, Out
 
 from sim.backends import SimError
 from sim.cli import Parser, UsageError, guarded, int_range
+from sim.cli import chip as chip_spec
 
 __all__ = ["FormalError", "Target", "Result", "targets", "properties", "ChipEnv", "find_tools", "prove",
            "cover", "cover_depth", "run", "main"]
@@ -82,6 +83,16 @@ def _unit_chips():
 
 
 UNIT_CHIPS = _unit_chips()
+
+
+def _bounded_unit_properties():
+    from hdl.units.base import COMPLETION_PROPERTIES, WRITE_PROPERTIES
+    return frozenset(COMPLETION_PROPERTIES) | frozenset(WRITE_PROPERTIES)
+
+
+# The unit properties checked bounded from reset, not by induction (their monitors' counters are not tied to
+# the unit's state by anything the solver could induct on): the exact completion and the write region.
+BOUNDED_UNIT_PROPERTIES = _bounded_unit_properties()
 
 # Cover depths of the prove-mode properties where the proof's depth is too short for a trigger: a SCATTER job
 # ends after its lookups, a word and its write; the UART (25 MHz, 3 Mbaud: 8.3 cycles a bit) receives a
@@ -198,16 +209,39 @@ class ChipEnv(wiring.Component):
         return m
 
 
-def targets() -> list[Target]:
-    """Every target: the units (each scope of `UNIT_CHIPS`' units), the chips, the UART, in that order."""
+def chip_targets(cfg) -> list[Target]:
+    """The targets of one chip `cfg` (``python -m sim.formal --chip SPEC``): each of its units under the scope
+    it has there, built for that chip, and the chip itself in `ChipEnv` (scope ``chip``, ``prefetch`` on a
+    prefetch chip) with the properties it carries: the chip's, a prefetch chip's, a generated chip's
+    (halt_quiet, wait_bounded). The memories are cut free as in every chip target; induction as the book's
+    chip target (the state facts), the rest bounded from reset."""
+    from hdl.chip import CHIP_PROPERTIES, GA2, PREFETCH_CHIP_PROPERTIES, RESIDENT_CHIP_PROPERTIES
+    from hdl.units import unit_classes
+    out = []
+    for cls in unit_classes(cfg).values():
+        props = cls.properties_of(cfg)
+        out.append(Target(cls.scope_of(cfg), lambda cls=cls: cls(config=cfg), props,
+                          frozenset(props) - BOUNDED_UNIT_PROPERTIES))
+    props = {**CHIP_PROPERTIES, **(PREFETCH_CHIP_PROPERTIES if cfg.prefetch else {}),
+             **(RESIDENT_CHIP_PROPERTIES if cfg.generated else {})}
+    out.append(Target("prefetch" if cfg.prefetch else "chip", lambda: ChipEnv(chip=lambda: GA2(config=cfg)),
+                      props, frozenset({"state_legal", "halt_stays"})))
+    return out
+
+
+def targets(chip=None) -> list[Target]:
+    """Every target: the units (each scope of `UNIT_CHIPS`' units), the chips, the UART, in that order; with
+    a chip configuration `chip`, that chip's (`chip_targets`)."""
+    if chip is not None:
+        return chip_targets(chip)
     from hdl.chip import CHIP_PROPERTIES
     from hdl.units import unit_classes
 
     # A unit target per scope: each unit's `scope_of` names the scope its Asserts carry on a chip, so the
     # first chip of UNIT_CHIPS that gives a unit a scope builds that scope's target, with the unit's
-    # `properties_of` on it, all by k-induction but the exact completion (hdl.units.base.COMPLETION_PROPERTIES),
-    # a bounded check from reset: every job that ends within the target's depth ends exactly on time.
-    from hdl.units.base import COMPLETION_PROPERTIES
+    # `properties_of` on it, all by k-induction but BOUNDED_UNIT_PROPERTIES (the exact completion and the write
+    # region), bounded checks from reset: every job that ends within the target's depth ends exactly on time,
+    # every write within it lies in its region.
     out, seen = [], set()
     for cfg in UNIT_CHIPS:
         for cls in unit_classes(cfg).values():
@@ -216,7 +250,7 @@ def targets() -> list[Target]:
                 seen.add(scope)
                 props = cls.properties_of(cfg)
                 out.append(Target(scope, lambda cls=cls, cfg=cfg: cls(config=cfg), props,
-                                  frozenset(props) - frozenset(COMPLETION_PROPERTIES)))
+                                  frozenset(props) - BOUNDED_UNIT_PROPERTIES))
     from dataclasses import replace
 
     from hdl.config import BOOK
@@ -238,10 +272,10 @@ def targets() -> list[Target]:
     return out
 
 
-def properties(only: str | None = None) -> list[tuple[Target, str]]:
+def properties(only: str | None = None, chip=None) -> list[tuple[Target, str]]:
     """(target, property) pairs selected by `only`: a target, a full name ``st.done_one_cycle``, a
-    property name (``counters``, ``done_one_cycle`` on every unit) or None for all."""
-    pairs = [(t, p) for t in targets() for p in t.properties]
+    property name (``counters``, ``done_one_cycle`` on every unit) or None for all; of `targets(chip)`."""
+    pairs = [(t, p) for t in targets(chip) for p in t.properties]
     if only is None:
         return pairs
     chosen = [(t, p) for t, p in pairs if only in (t.name, p, t.full(p))]
@@ -433,11 +467,12 @@ def cover(target: Target, props: list[str], depth: int, tools: dict[str, str] | 
     return out, seconds, ""
 
 
-def run(only: str | None = None, depth: int | None = None, report=print) -> list[Result]:
-    """Check every selected property at `depth` (None: each target's default) in its mode, then search its
-    covers (`cover`, to `cover_depth`); `report(result)` is called as each property's row is known."""
+def run(only: str | None = None, depth: int | None = None, report=print, chip=None) -> list[Result]:
+    """Check every selected property (of `targets(chip)`) at `depth` (None: each target's default) in its
+    mode, then search its covers (`cover`, to `cover_depth`); `report(result)` is called as each property's
+    row is known."""
     tools = find_tools()
-    chosen = properties(only)
+    chosen = properties(only, chip)
     results = []
     by_target: dict[str, tuple[Target, list[str]]] = {}
     for t, prop in chosen:
@@ -502,7 +537,8 @@ def main(argv=None) -> int:
                            "'reached', or 'NOT REACHED' naming the events). Exit status 0 only if every property "
                            "is proved (prove) or bounded (bmc) and every cover is reached. Seconds are per "
                            "target run (the properties of one target are checked together, covers included).",
-               example="python -m sim.formal\npython -m sim.formal --only chip --depth 10\n"
+               example="python -m sim.formal\npython -m sim.formal --chip fast\n"
+                       "python -m sim.formal --only chip --depth 10\n"
                        "python -m sim.formal --only st.done_one_cycle")
     p.add_argument("--depth", type=int_range(2, 200), default=None,
                    help=f"cycles of the bounded check and k of the induction (default {UNIT_DEPTH} for the "
@@ -511,11 +547,16 @@ def main(argv=None) -> int:
     p.add_argument("--only", default=None, metavar="NAME",
                    help="a target (st, mm, rq, sm, vadd, amax, unpack, ld, chip, uart, ...), a property, or "
                         "target.property")
+    p.add_argument("--chip", type=chip_spec, default=None, metavar="SPEC",
+                   help="check one chip's targets instead: each of its units under its scope there, and the "
+                        "chip itself with the properties it carries (a preset such as fast, or name=value "
+                        "overrides of the book's chip; default: every target of the book's chip and of the "
+                        "variants, and the UART)")
     a = p.parse_args(argv)
-    properties(a.only)                   # a bad name is an error before any work
+    properties(a.only, a.chip)           # a bad name is an error before any work
     t0 = time.monotonic()
     print(_HEADER)
-    results = run(a.only, a.depth, report=lambda r: print(_row(r), flush=True))
+    results = run(a.only, a.depth, report=lambda r: print(_row(r), flush=True), chip=a.chip)
     bad = [r for r in results if not r.ok]
     proved = sum(r.result == "proved" for r in results)
     bounded = sum(r.result == "bounded" for r in results)
