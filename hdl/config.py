@@ -228,12 +228,13 @@ _TESTBENCH_FIELDS = ("ext_words", "lat", "rom_words")
 # (compiler.resident.plan_layout); since issue 14 also the MM unit's fused requantization (docs/fused-rq.md),
 # packed weights and overlapped phases (docs/mm-fast.md) and the two-port VADD (docs/vadd-ports.md); since
 # issue 20 the requantizer's pipeline register (docs/rq-pipe.md), for the ULX3S's 25 MHz; since issue 23 the
-# sequencer's issue in the done cycle (docs/prefetch.md).
-# Issue 13's chip is ``fast,mm_rq=0,vadd_ports=1,mm_pack=0,mm_overlap=0,rq_pipe=0,prefetch=0``.
+# sequencer's issue in the done cycle (docs/prefetch.md) and the softmax's division four bits a cycle
+# (docs/sm-div.md).
+# Issue 13's chip is ``fast,mm_rq=0,vadd_ports=1,mm_pack=0,mm_overlap=0,rq_pipe=0,prefetch=0,sm_div=1``.
 PRESETS: dict[str, ChipConfig] = {
     "book": BOOK,
     "fast": ChipConfig(array=8, mm_load=4, gather=1, ext_words=16384, mm_rq=1, vadd_ports=2, mm_pack=1,
-                       mm_overlap=1, rq_pipe=1, prefetch=1),
+                       mm_overlap=1, rq_pipe=1, prefetch=1, sm_div=4),
 }
 
 
