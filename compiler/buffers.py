@@ -8,6 +8,11 @@ On a chip with ``mm_pack = 1`` (docs/mm-fast.md) an int8 weight that is only eve
 untransposed matmuls is stored packed, four int8 a word (`packed_weights`): element (i, j) is byte j % 4
 (byte 0 = bits 7:0) of word ``i * ceil(cols / 4) + j // 4``, in the external image and in its scratchpad
 buffer alike, and its MM tiles read it with ``pb = 1``.
+
+On a chip with ``mm_pack_c = 1`` (docs/mm-pack-c.md) the same layout extends to activations
+(`packed_activations`): a tensor that is only ever written by fused matmuls (``pc = 1``), loaded as an
+input, stored as an output, or read as the B operand of a matmul (``pb = 1``, transposed or not) is kept
+four int8 a word, so the K and V rows of a resident pool move a quarter of the words.
 """
 from __future__ import annotations
 
@@ -18,7 +23,8 @@ from hdl.config import BOOK
 from .graph import CompileError, Graph
 
 __all__ = ["Buffer", "ExtEntry", "Allocator", "plan_buffers", "plan_lifetimes", "plan_external",
-           "packed_words", "packed_weights", "pack_rows", "PACK"]
+           "packed_words", "packed_weights", "packed_activations", "pack_rows", "unpack_rows", "row_words",
+           "PACK"]
 
 PACK = 4        # int8 values a word of a packed weight (mm_pack chips)
 
@@ -39,6 +45,72 @@ def packed_weights(graph: Graph, config=BOOK) -> frozenset:
                          and not c.attrs["transpose_b"] for c in users):
             out.add(n.id)
     return frozenset(out)
+
+
+def packed_activations(graph: Graph, config=BOOK) -> frozenset:
+    """Ids of the activations kept four int8 a word (and of the outputs that store them): on a chip with
+    ``mm_pack_c = 1``, every group of nodes that share one buffer (a concat with its inputs, a slice with
+    its source) made only of inputs, matmuls (fused, written with ``pc = 1``), concats and slices, whose
+    every reader outside the group is a matmul taking it as B only (read with ``pb = 1``, transposed or
+    not) or an output; none on any other chip. Anything else (an A operand, a softmax, an add, a relu, a
+    row that feeds two concats) keeps one value a word for the whole group."""
+    if not getattr(config, "mm_pack_c", 0):
+        return frozenset()
+    nodes = graph.nodes
+    parent = list(range(len(nodes)))
+
+    def root(i):
+        while parent[i] != i:
+            parent[i] = parent[parent[i]]
+            i = parent[i]
+        return i
+
+    for n in nodes:
+        if n.op in ("concat", "slice"):
+            for i in n.ins:
+                parent[root(i)] = root(n.id)
+    groups = {}
+    for n in nodes:
+        groups.setdefault(root(n.id), []).append(n.id)
+    out = set()
+    for members in groups.values():
+        inside = set(members)
+        ok = any(nodes[i].op in ("input", "matmul") for i in members)
+        for i in members:
+            if not ok:
+                break
+            if nodes[i].op not in ("input", "matmul", "concat", "slice"):
+                ok = False
+                break
+            for c in graph.consumers(i):
+                user = nodes[c]
+                if c in inside or user.op == "output":
+                    continue
+                if not (user.op == "matmul" and user.ins[1] == i and user.ins[0] != i):
+                    ok = False
+                    break
+        if ok:
+            out |= inside
+            out |= {c for i in members for c in graph.consumers(i) if nodes[c].op == "output"}
+    return frozenset(out)
+
+
+def row_words(node, packed: bool = False) -> int:
+    """Words a row of `node` takes in its buffer: ceil(cols / 4) packed, cols otherwise."""
+    return -(-node.cols // PACK) if packed else node.cols
+
+
+def unpack_rows(words, rows: int, cols: int) -> list:
+    """The int8 matrix (`rows` x `cols`) of words packed by `pack_rows`, sign-extended byte by byte."""
+    per = -(-cols // PACK)
+    out = []
+    for r in range(rows):
+        row = []
+        for j in range(cols):
+            b = (words[r * per + j // PACK] >> (8 * (j % PACK))) & 0xFF
+            row.append(b - 256 if b & 0x80 else b)
+        out.append(row)
+    return out
 
 
 def pack_rows(rows) -> list:

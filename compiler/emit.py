@@ -16,6 +16,11 @@ untransposed B operand are stored four a word (`compiler.buffers.packed_weights`
 ceil(cols/4) words a row, and their tiles read them with ``pb = 1``, the B address and ``ldb`` in words
 (a tile's first column is a multiple of the array size, hence of 4, or the compiler refuses).
 
+On a chip with ``mm_pack_c = 1`` (docs/mm-pack-c.md) the activations of `compiler.buffers.
+packed_activations` are kept four int8 a word as well: the matmuls that write them do so with ``pc = 1``
+(C's address and ``ldc`` in words), the matmuls that read them as B with ``pb = 1`` (transposed: B row n's
+element k is byte k % 4 of word ``B + n*ldb + k // 4``), their loads and stores move the packed words.
+
 The tiles of one matmul write disjoint parts of the accumulator and each computes its dot products in
 full (K is never split), so the tile size changes the order of independent tiles and never the integers.
 """
@@ -27,7 +32,8 @@ from hdl import isa
 from hdl.arith import mantissa_shift
 from hdl.config import BOOK, ChipConfig
 
-from .buffers import PACK, Allocator, packed_weights, plan_buffers, plan_external, plan_lifetimes
+from .buffers import (PACK, Allocator, packed_activations, packed_weights, plan_buffers, plan_external,
+                      plan_lifetimes, row_words)
 from .graph import CompileError, Graph
 from .scales import fuse_relus, plan_scales
 
@@ -158,6 +164,7 @@ def compile_graph(graph: Graph, calib_samples, ranges=None, ext_words: int | Non
     relu_fused = fuse_relus(graph)
     scale, rng, warnings = plan_scales(graph, calib_samples, ranges)
     packed = packed_weights(graph, config)      # mm_pack chips: weights stored four int8 a word
+    packed |= packed_activations(graph, config)     # mm_pack_c chips: K/V-like activations as well
     loc, buffers = plan_buffers(graph, packed)
     plan_lifetimes(graph, loc, buffers)
     ext = plan_external(graph, ext_words, packed)
@@ -196,7 +203,7 @@ def compile_graph(graph: Graph, calib_samples, ranges=None, ext_words: int | Non
         b = buffers[loc[nid][0]]
         if b.addr is None:
             b.addr = spad.alloc(b.words, nodes[nid].label())
-        return b.addr + loc[nid][1] * nodes[nid].cols
+        return b.addr + loc[nid][1] * row_words(nodes[nid], nid in packed)
 
     def temp(n, why):
         return spad.alloc(n, f"the temporary of {why}")
@@ -260,17 +267,25 @@ def compile_graph(graph: Graph, calib_samples, ranges=None, ext_words: int | Non
             else:
                 dst = temp(m * nn, n.label())
             pb = B.id in packed             # B four int8 a word: its address and ldb count words
+            pc = fused_rq and n.id in packed    # C four int8 a word (mm_pack_c): its address and ldc too
+            # B's words a row: row k (tb = 0) holds N values, row n (tb = 1) holds K
+            b_row = row_words(B, pb)
+            ldc = row_words(n, pc)
             for i0 in range(0, m, tile):
                 for j0 in range(0, nn, tile):
-                    if pb and j0 % PACK:
+                    if (pb and not tb or pc) and j0 % PACK:
+                        what = B.label() if pb and not tb else f"result {n.label()}"
                         raise CompileError(f"{n.label()}: a tile starting at column {j0} of the packed "
-                                           f"{B.label()} is not word-aligned (array {tile} is not a "
+                                           f"{what} is not word-aligned (array {tile} is not a "
                                            f"multiple of {PACK})")
-                    b_addr = srcs[1] + (j0 * k if tb else j0 // PACK if pb else j0)
-                    ldb = k if tb else -(-nn // PACK) if pb else nn
-                    emit(isa.mm(dst + i0 * nn + j0, srcs[0] + i0 * k, b_addr,
-                                min(tile, m - i0), k, min(tile, nn - j0), lda=k, ldb=ldb, ldc=nn,
-                                tb=int(tb), rq=int(fused_rq), pb=int(pb)),
+                    b_addr = srcs[1] + (j0 * b_row if tb else j0 // PACK if pb else j0)
+                    c_addr = dst + i0 * ldc + (j0 // PACK if pc else j0)
+                    flags = dict(tb=int(tb), rq=int(fused_rq), pb=int(pb))
+                    if pc:
+                        flags["pc"] = 1
+                    emit(isa.mm(c_addr, srcs[0] + i0 * k, b_addr,
+                                min(tile, m - i0), k, min(tile, nn - j0), lda=k, ldb=b_row, ldc=ldc,
+                                **flags),
                          f"node {n.id} tile " + (f"i0={i0} " if m > tile else "") + f"j0={j0}")
             if not fused_rq:
                 mant, sh = requantizer(n, A, B)
@@ -310,7 +325,8 @@ def compile_graph(graph: Graph, calib_samples, ranges=None, ext_words: int | Non
                 emit(isa.amax(out + r, srcs[0] + r * nn, nn), f"node {n.id} argmax row {r}")
         elif op == "output":
             e = ext[n.attrs["name"]]
-            emit(isa.st(srcs[0], e.address, n.size), f"store {e.name}")
+            emit(isa.st(srcs[0], e.address, e.words),
+                 f"store {e.name}" + (" (four a word)" if e.packed else ""))
         else:  # pragma: no cover
             raise CompileError(f"{n.label()}: cannot lower this operation")
         if reuse:

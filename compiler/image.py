@@ -2,14 +2,15 @@
 
 The image holds every input and weight quantized at its node's scale, one two's-complement value a
 word (int4 weights: eight nibbles a word, low nibble first; on an mm_pack chip the int8 weights that only
-feed matmuls as B, four bytes a word, `compiler.buffers.pack_rows`); output regions start at zero
-(model spec 4.11, 4.12). Readback turns the output regions back into integers and floats.
+feed matmuls as B, four bytes a word, `compiler.buffers.pack_rows`; on an mm_pack_c chip the packed
+activations' inputs and outputs too); output regions start at zero (model spec 4.11, 4.12). Readback turns
+the output regions back into integers and floats.
 """
 from __future__ import annotations
 
 from hdl.arith import clamp, quantize, rha, s8, s32, u32
 
-from .buffers import pack_rows
+from .buffers import pack_rows, unpack_rows
 from .graph import CompileError
 
 __all__ = ["ext_image", "readback", "run", "quantize_matrix", "quantized_inputs"]
@@ -69,7 +70,7 @@ def ext_image(P, inputs, ext_size: int | None = None) -> list:
         elif e.packed:                                        # four int8 a word, ceil(cols/4) words a row
             words = pack_rows(mat)
             if len(words) != e.words:
-                raise CompileError(f"weight {name!r}: {len(words)} packed words, the map has {e.words}")
+                raise CompileError(f"{e.kind} {name!r}: {len(words)} packed words, the map has {e.words}")
             image[e.address:e.address + e.words] = words
         else:
             for i, v in enumerate(flat):
@@ -86,9 +87,12 @@ def readback(P, ext) -> dict:
         node = P.graph.nodes[e.node]
         src = P.graph.nodes[node.ins[0]]
         rows, cols = node.shape
-        words = ext[e.address:e.address + rows * cols]
-        if len(words) != rows * cols:
-            raise CompileError(f"output {e.name!r}: external memory ends before its {rows * cols} words")
+        n_words = e.words if e.packed else rows * cols
+        words = ext[e.address:e.address + n_words]
+        if len(words) != n_words:
+            raise CompileError(f"output {e.name!r}: external memory ends before its {n_words} words")
+        if e.packed:                    # four int8 a word (mm_pack_c), at the output's scale below
+            words = [w for row in unpack_rows(words, rows, cols) for w in row]
         if src.op == "argmax":
             ints = [[s32(words[r * cols + c]) for c in range(cols)] for r in range(rows)]
             sc = 1.0

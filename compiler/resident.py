@@ -27,7 +27,10 @@ Scratchpad: ``[0, spad_limit)`` belongs to the step programs' allocator (and to 
 rows); the block table sits at ``table_addr`` (table_cap words) and the weights from ``weights_base`` to
 the top. On a chip with ``mm_pack = 1`` the weights that the compiler packs (`compiler.buffers.
 packed_weights`: int8, only ever an untransposed B operand) are staged and kept four int8 a word, as
-every step program reads them (``pb = 1``); the layout's ``packed`` names them.
+every step program reads them (``pb = 1``); the layout's ``packed`` names them. On a chip with
+``mm_pack_c = 1`` the K and V rows are kept four int8 a word too (`compiler.buffers.packed_activations`:
+k_new and v_new are written with ``pc = 1``, kc and vc read with ``pb = 1``), so a pool row is
+``row_words`` = ceil(D / 4) words and GATHER and SCATTER move a quarter of the words.
 """
 from __future__ import annotations
 
@@ -38,7 +41,8 @@ from hdl import isa
 from hdl.arith import quantize, u32
 from hdl.config import ChipConfig
 
-from .buffers import pack_rows, packed_weights, packed_words
+from .buffers import pack_rows, packed_activations, packed_weights, packed_words
+from .buffers import row_words as buffer_row_words
 from .emit import Program, compile_graph
 from .graph import CompileError, Graph
 from .image import quantize_matrix
@@ -128,8 +132,12 @@ def plan_layout(graph: Graph, config: ChipConfig, page_rows: int, pool_pages: in
             raise CompileError(f"a resident step graph needs an output {name!r}")
     if "x" not in ins:
         raise CompileError("a resident step graph needs an input 'x'")
-    row_words = outs["k_new"].cols
-    if _log2(row_words) is None or outs["v_new"].cols != row_words or outs["k_new"].rows != 1:
+    # a pool row is k_new's row as the step programs store it: four int8 a word on an mm_pack_c chip
+    # (compiler.buffers.packed_activations), one a word elsewhere
+    acts = packed_activations(graph, config)
+    row_words = buffer_row_words(outs["k_new"], outs["k_new"].id in acts)
+    if (_log2(row_words) is None or buffer_row_words(outs["v_new"], outs["v_new"].id in acts) != row_words
+            or outs["v_new"].cols != outs["k_new"].cols or outs["k_new"].rows != 1):
         raise CompileError(f"a cache row must be one row of a power-of-two number of words (k_new is "
                            f"{outs['k_new'].rows}x{row_words}, v_new {outs['v_new'].rows}x"
                            f"{outs['v_new'].cols})")

@@ -157,7 +157,7 @@ class ResidentBatchRunner:
             pool = lay.k_base if name == "k_new" else lay.v_base
             for j, spec in enumerate(specs):
                 r = spec[3]
-                put(isa.scatter(src + j * D, base=pool, lo=r, hi=r + 1, **common(j)),
+                put(isa.scatter(src + j * lay.row_words, base=pool, lo=r, hi=r + 1, **common(j)),
                     f"scatter row {j}'s {name} into row {r}")
 
         for at, (ins, note) in enumerate(zip(P.instrs, P.notes)):
@@ -166,7 +166,7 @@ class ResidentBatchRunner:
                 # the rows' new k/v go to the cache first, so that each row's gather brings its own row too;
                 # the K and V buffers must be final by now
                 for name in ("k_new", "v_new"):
-                    last = _last_write(P.instrs, stores[name], len(specs) * D)
+                    last = _last_write(P.instrs, stores[name], len(specs) * lay.row_words)
                     if last >= at:
                         raise CompileError(f"batch program {ctxs}: {name} is written at instruction {last}, "
                                            f"after the first gather ({at})")
@@ -182,7 +182,7 @@ class ResidentBatchRunner:
                     dst = o["dst"]
                     for lo, hi in _with_own_row(specs[j][2], specs[j][3]) if own else specs[j][2]:
                         put(isa.gather(dst, base=pool, lo=lo, hi=hi, **common(j)), f"gather {name} rows {lo}..{hi - 1}")
-                        dst += (hi - lo) * D
+                        dst += (hi - lo) * lay.row_words
                 else:
                     raise CompileError(f"batch program: unexpected load {isa.describe(ins)} ({note})")
             elif o["op"] == isa.Op.ST:
