@@ -1,14 +1,17 @@
 """The design's properties evaluated in Verilator (issue 24 part 3): ``VerilatorBackend(asserts=True)``,
 ``ga2 fuzz --assert`` and ``ga2 decode --assert``.
 
-* every `Assert` of the chip (`hdl.properties.History.check`) is an immediate ``assert`` in the Verilog the
-  model is built from, its message written right before it;
+* every `Assert` of the chip (`hdl.properties.History.check`), those of `hdl.properties.checks` included (a
+  unit's exact completion and write region, a generated chip's WAIT bound: the model with assertions is
+  elaborated inside it), is an immediate ``assert`` in the Verilog the model is built from, its message
+  written right before it;
 * a design broken so that only an assertion can tell (a unit that raises its write enable a cycle after done,
   when the port is no longer routed to it: the scratchpad is unchanged) fails with a one-line
   `AssertionFailed` naming the property and the edge, computed from the reference's cycle count;
 * a fresh-seed fuzz slice with assertions on for the book's chip and for ``fast`` (one (EXT, LAT) pair each:
   one model each, built once and cached apart from the model without assertions).
 """
+import contextlib
 import os
 import re
 from collections import Counter
@@ -16,10 +19,11 @@ from collections import Counter
 import pytest
 from amaranth.hdl import Signal
 
-from hdl.chip import CHIP_PROPERTIES
+from hdl.chip import CHIP_PROPERTIES, RESIDENT_CHIP_PROPERTIES
 from hdl.config import PRESETS
 from hdl.isa import amax, halt, ld, st
-from hdl.properties import UNIT_PROPERTIES
+from hdl.properties import checks
+from hdl.units import unit_classes
 from hdl.units.amax import ArgmaxUnit
 from sim.backends import AssertionFailed
 from sim.backends.reference import ReferenceMachine
@@ -49,9 +53,10 @@ def asserted_messages(verilog: str) -> Counter:
     return Counter(msg for guard, msg, cond in _ASSERTED.findall(verilog) if guard == cond)
 
 
-def design_messages(design) -> Counter:
+def design_messages(design, checked=True) -> Counter:
     """The message of every `Assert` the design's blocks add through `hdl.properties.History.check`,
-    counted, found by elaborating `design` (no Verilog)."""
+    counted, found by elaborating `design` (no Verilog); with `checked` (as the model with assertions is
+    elaborated) inside `hdl.properties.checks`."""
     import hdl.properties
     from amaranth.hdl import Fragment
     made = Counter()
@@ -63,24 +68,41 @@ def design_messages(design) -> Counter:
 
     hdl.properties.History.check = counted
     try:
-        Fragment.get(design, None)
+        with checks() if checked else contextlib.nullcontext():
+            Fragment.get(design, None)
     finally:
         hdl.properties.History.check = check
     return made
 
 
-def test_every_assert_of_the_chip_is_an_immediate_assertion_in_its_verilog():
-    """The harness emitted as the Verilator backend emits it: one ``assert`` per `History.check` call, and
-    among them the chip's and every unit's contract."""
-    from amaranth.back import verilog
+def expected_names(cfg) -> set:
+    """``<scope>.<property>`` of every property the chip `cfg` carries: the chip's (a generated chip's
+    too), every unit's under its scope (`hdl.units.base.Scoped`: the exact completion and write region among
+    them)."""
+    chip = {**CHIP_PROPERTIES, **(RESIDENT_CHIP_PROPERTIES if cfg.generated else {})}
+    scope = "prefetch" if cfg.prefetch else "chip"
+    return ({f"{scope}.{p}" for p in chip} |
+            {f"{cls.scope_of(cfg)}.{p}" for cls in unit_classes(cfg).values() for p in cls.properties_of(cfg)})
 
+
+@pytest.mark.parametrize("chip", ["book", "fast"])
+def test_every_assert_of_the_chip_is_an_immediate_assertion_in_its_verilog(chip):
+    """The harness emitted as the Verilator backend emits the model with assertions (inside
+    `hdl.properties.checks`): one ``assert`` per `History.check` call, and among them every property of the
+    chip and its units, the simulation-only ones included; the model without assertions has none of those."""
     from hdl.harness import ChipHarness
-    made = design_messages(ChipHarness(ext_words=64, lat=3))
-    text = verilog.convert(ChipHarness(ext_words=64, lat=3), name="ga2_harness", emit_src=False)
+    from sim.backends.verilator_backend import _emit_chip_verilog
+    cfg = PRESETS[chip]
+    made = design_messages(ChipHarness(ext_words=64, lat=3, config=cfg))
+    text = _emit_chip_verilog(64, 3, cfg, checked=True)
     assert made and asserted_messages(text) == made
     names = {m.split(": ", 1)[0] for m in made}
-    assert {f"chip.{p}" for p in CHIP_PROPERTIES} <= names
-    assert {f"{u}.{p}" for u in ("ld", "st", "mm", "rq", "sm", "vadd", "amax", "unpack") for p in UNIT_PROPERTIES} <= names
+    assert expected_names(cfg) <= names, expected_names(cfg) - names
+    only_checked = {n.split(".", 1)[1] for n in names} & {"exact_completion", "write_region", "wait_bounded"}
+    assert only_checked == ({"exact_completion", "write_region"} | ({"wait_bounded"} if cfg.generated else set()))
+    plain = _emit_chip_verilog(64, 3, cfg)
+    assert asserted_messages(plain) == design_messages(ChipHarness(ext_words=64, lat=3, config=cfg), checked=False)
+    assert not any(m.split(": ", 1)[0].split(".", 1)[1] in only_checked for m in asserted_messages(plain))
 
 
 class LateAmax(ArgmaxUnit):

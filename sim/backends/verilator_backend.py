@@ -11,7 +11,10 @@ With ``asserts=True`` (``--assert`` on ``ga2 fuzz`` and ``ga2 decode``) the mode
 ``--assert``: the design's properties (`hdl.properties`: Amaranth emits each `Assert` as an immediate
 ``assert`` with its message) are evaluated at every edge, and a failed one ends that program with
 `AssertionFailed` naming the property, the edge and the job. It is a model of its own (other flags, a
-define for the driver, so another cache key): it never stands in for the model without assertions.
+define for the driver, so another cache key): it never stands in for the model without assertions. Its
+Verilog is elaborated inside `hdl.properties.checks`, so it also carries the checks that only a simulation
+needs (a unit's exact completion and write region, a generated chip's WAIT bound); the model without
+assertions is emitted outside it, as ``sim.verilog`` and synthesis emit the chip.
 
 Verilator's run-time library (``verilated.cpp``, ``verilated_threads.cpp``: about half of a small model's
 compile time) is compiled once and its objects reused by every later model (`_OBJCACHE`, under
@@ -20,6 +23,7 @@ with that model's flags, so a reused object is the one the compiler would have w
 """
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import os
@@ -34,6 +38,7 @@ from array import array
 from pathlib import Path
 
 from hdl.config import BOOK, ChipConfig
+from hdl.properties import checks
 from sim.backends import (MAX_CYCLES, AssertionFailed, Backend, BackendUnavailable, BadInput, DidNotHalt, ErrorStop,
                          RunResult, SimError, check_lat, check_max_cycles, image_words, program_words,
                          scratchpad_words)
@@ -227,24 +232,29 @@ def _hdl_source_key() -> str:
 
 
 _EMIT = """
+import contextlib
 import sys
 from amaranth.back import verilog
 from hdl.config import ChipConfig
 from hdl.harness import ChipHarness
+from hdl.properties import checks
 config = ChipConfig(**{k: int(v) for k, v in (kv.split("=") for kv in sys.argv[4].split(","))})
-sys.stdout.write(verilog.convert(ChipHarness(ext_words=int(sys.argv[1]), lat=int(sys.argv[2]), config=config),
-                                 name=sys.argv[3], emit_src=False))
+with checks() if sys.argv[5] == "checks" else contextlib.nullcontext():
+    text = verilog.convert(ChipHarness(ext_words=int(sys.argv[1]), lat=int(sys.argv[2]), config=config),
+                           name=sys.argv[3], emit_src=False)
+sys.stdout.write(text)
 """
 
 
-def _emit_chip_verilog(ext: int, lat: int, config: ChipConfig = BOOK) -> str:
+def _emit_chip_verilog(ext: int, lat: int, config: ChipConfig = BOOK, checked: bool = False) -> str:
     """The harness's Verilog for `config`, emitted by a fresh interpreter from the hdl/ sources as they are
-    on disk (the configuration travels as its `ChipConfig.key` text)."""
+    on disk (the configuration travels as its `ChipConfig.key` text); with `checked`, elaborated inside
+    `hdl.properties.checks` (the model with assertions: the simulation-only checks are Asserts too)."""
     env = dict(os.environ)
     root = str(_hdl_dir().parent)
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    p = subprocess.run([sys.executable, "-c", _EMIT, str(ext), str(lat), TOP, config.key()], cwd=root, env=env,
-                       capture_output=True, text=True)
+    p = subprocess.run([sys.executable, "-c", _EMIT, str(ext), str(lat), TOP, config.key(),
+                        "checks" if checked else "plain"], cwd=root, env=env, capture_output=True, text=True)
     if p.returncode != 0 or not p.stdout:
         last = (p.stderr.strip().splitlines() or [f"exit status {p.returncode}"])[-1]
         raise BackendUnavailable(f"cannot emit the chip's Verilog: {last}")
@@ -391,7 +401,10 @@ class VerilatorBackend(Backend):
             design = self.design(ext, lat) if cfg == BOOK else self.design(ext, lat, cfg)
             if "error" in design.signature.members:     # a stand-in may have the book's ports only
                 defines.append("-DGA2_ERRORS=1")
-            exe = self._built(verilog.convert(design, name=TOP, emit_src=False), driver, defines, ext, lat)
+            # elaborated (by convert) inside checks() for a model with assertions, as `_emit_chip_verilog`
+            with checks() if self.asserts else contextlib.nullcontext():
+                verilog_text = verilog.convert(design, name=TOP, emit_src=False)
+            exe = self._built(verilog_text, driver, defines, ext, lat)
             self._models[key] = exe
             return exe
         if cfg.generated:   # the harness of any chip but the book's has the error outputs
@@ -399,8 +412,10 @@ class VerilatorBackend(Backend):
         # Emitting the chip's Verilog takes seconds, so for the default design a shortcut maps the
         # hdl/ sources (+ everything else that goes into the model) to the model built from them.
         source_key = _hdl_source_key()
+        # (the emitter's text too: it decides what is elaborated, e.g. inside checks() or not)
         shortcut = self.build_root / "by-source" / _digest(
-            source_key, cfg.key(), _amaranth_version(), driver, self.version, " ".join(self.flags() + defines))
+            source_key, cfg.key(), _amaranth_version(), driver, self.version, " ".join(self.flags() + defines),
+            _EMIT)
         self.build_root.mkdir(parents=True, exist_ok=True)
         # One emitter per shortcut: a concurrent run (pytest-xdist) asking for the same model waits here and
         # then finds the shortcut, instead of emitting the same Verilog beside the builder.
@@ -415,7 +430,7 @@ class VerilatorBackend(Backend):
                 pass
             # A fresh interpreter imports hdl/ as it is on disk now; if the sources were the same before
             # and after, the Verilog belongs to `source_key` (this process may hold older modules).
-            verilog_text = _emit_chip_verilog(ext, lat, cfg)
+            verilog_text = _emit_chip_verilog(ext, lat, cfg, checked=self.asserts)
             exe = self._built(verilog_text, driver, defines, ext, lat)
             if _hdl_source_key() == source_key:
                 shortcut.parent.mkdir(parents=True, exist_ok=True)
