@@ -86,6 +86,11 @@ class ChipConfig:
         Quotient bits the SM unit's divider finds a cycle (``docs/sm-div.md``): 1, the book's, takes 40
         cycles for the 40-bit division; 2 or 4 chain that many restoring steps between two edges, 20 or 10
         cycles. SM then takes B = 3*len + 7 + 40/sm_div (``hdl.isa.sm_busy_cycles``); the words are the same.
+    mm_pack_c : int
+        1 lets an MM write its int8 results packed four a word (its ``pc`` flag, fl[3]) and read a B of N
+        rows packed four a word transposed (``tb`` with ``pb``), for K/V rows stored four int8 a word
+        (``docs/mm-pack-c.md``). Needs ``mm_pack``, ``mm_rq`` and ``mm_overlap``. 0, the book's chip and
+        every preset, leaves the flag unread and ``validate`` refuses it set, and tb with pb.
     """
 
     array: int = 4
@@ -105,6 +110,7 @@ class ChipConfig:
     rq_pipe: int = 0
     prefetch: int = 0
     sm_div: int = 1
+    mm_pack_c: int = 0
 
     def __post_init__(self):
         for f in fields(self):
@@ -150,6 +156,11 @@ class ChipConfig:
             raise ValueError(f"ChipConfig prefetch must be 0 or 1, not {self.prefetch}")
         if self.sm_div not in (1, 2, 4):
             raise ValueError(f"ChipConfig sm_div must be 1, 2 or 4, not {self.sm_div}")
+        if self.mm_pack_c not in (0, 1):
+            raise ValueError(f"ChipConfig mm_pack_c must be 0 or 1, not {self.mm_pack_c}")
+        if self.mm_pack_c and not (self.mm_pack and self.mm_rq and self.mm_overlap):
+            raise ValueError(f"ChipConfig mm_pack_c = {self.mm_pack_c} needs mm_pack=1, mm_rq=1 and mm_overlap=1 "
+                             f"(not mm_pack={self.mm_pack}, mm_rq={self.mm_rq}, mm_overlap={self.mm_overlap})")
 
     # ---- derived widths and limits -----------------------------------------------------------------
     @property

@@ -183,18 +183,21 @@ def st(src, dst, n):
     return Instr(Op.ST, a=src, b=dst, c=n)
 
 
-def mm(dst, A, B, M, K, N, lda=None, ldb=0, ldc=None, tb=0, rq=0, pb=0):
+def mm(dst, A, B, M, K, N, lda=None, ldb=0, ldc=None, tb=0, rq=0, pb=0, pc=0):
     """MM; ``rq=1`` (a chip with mm_rq=1, docs/fused-rq.md) writes every C element requantized by the
-    registers the last RQC loaded; ``pb=1`` (a chip with mm_pack=1, tb = 0, docs/mm-fast.md) reads B
-    packed: element (k, n) is byte n % 4 of word ``B + k*ldb + n // 4`` (``ldb`` in words)."""
+    registers the last RQC loaded; ``pb=1`` (a chip with mm_pack=1, docs/mm-fast.md) reads B packed:
+    element (k, n) is byte n % 4 of word ``B + k*ldb + n // 4`` (``ldb`` in words), or with ``tb=1`` (a
+    chip with mm_pack_c=1, docs/mm-pack-c.md) byte k % 4 of word ``B + n*ldb + k // 4``; ``pc=1`` (a chip
+    with mm_pack_c=1, with rq=1) writes C packed: result (m, n) is byte n % 4 of word
+    ``dst + m*ldc + n // 4`` (``ldc`` in words)."""
     lda = K if lda is None else lda
     ldc = N if ldc is None else ldc
     if not 0 <= lda < 1 << _STRIDE_BITS or not 0 <= ldb < 1 << _STRIDE_BITS:
         raise IsaError(f"MM stride lda={lda} / ldb={ldb} does not fit in {_STRIDE_BITS} bits")
-    if rq not in (0, 1) or tb not in (0, 1) or pb not in (0, 1):
-        raise IsaError(f"MM flags tb={tb!r} / rq={rq!r} / pb={pb!r} must each be 0 or 1")
+    if rq not in (0, 1) or tb not in (0, 1) or pb not in (0, 1) or pc not in (0, 1):
+        raise IsaError(f"MM flags tb={tb!r} / rq={rq!r} / pb={pb!r} / pc={pc!r} must each be 0 or 1")
     return Instr(Op.MM, a=dst, b=A, c=B, d=(ldb << _STRIDE_BITS) | lda, f=M, g=K, h=N,
-                 fl=(int(pb) << 2) | (int(rq) << 1) | int(tb), x=ldc)
+                 fl=(int(pc) << 3) | (int(pb) << 2) | (int(rq) << 1) | int(tb), x=ldc)
 
 
 def rq(dst, src, n, m, s, relu=0):
@@ -267,7 +270,7 @@ HW_OPERANDS: dict[Op, dict[str, tuple[int, int]]] = {
     Op.ST: {"src": (119, 108), "dst": (107, 92), "len": (87, 76)},
     Op.MM: {"dst": (119, 108), "A": (103, 92), "B": (87, 76), "lda": (63, 52), "ldb": (75, 64),
             "M": (41, 38), "K": (36, 30), "N": (25, 22), "tb": (18, 18), "ldc": (11, 0), "rq": (19, 19),
-            "pb": (20, 20)},
+            "pb": (20, 20), "pc": (21, 21)},
     Op.RQ: {"dst": (119, 108), "src": (103, 92), "len": (87, 76), "m": (75, 52), "s": (51, 46),
             "relu": (18, 18)},
     Op.SM: {"dst": (119, 108), "src": (103, 92), "len": (87, 76)},
@@ -288,8 +291,10 @@ HW_OPERANDS: dict[Op, dict[str, tuple[int, int]]] = {
 # Operands that only a chip with a generator parameter reads, (opcode, operand) -> the parameter: on a chip
 # without it the hardware ignores those bits and `validate` refuses them set. MM's rq flag (fl[1]) exists
 # on a chip with mm_rq=1 (docs/fused-rq.md), its pb flag (fl[2], B packed four int8 per word) on a chip with
-# mm_pack=1 (docs/mm-fast.md).
-CHIP_OPERANDS: dict[tuple[Op, str], str] = {(Op.MM, "rq"): "mm_rq", (Op.MM, "pb"): "mm_pack"}
+# mm_pack=1 (docs/mm-fast.md), its pc flag (fl[3], C packed four int8 per word) on a chip with mm_pack_c=1
+# (docs/mm-pack-c.md).
+CHIP_OPERANDS: dict[tuple[Op, str], str] = {(Op.MM, "rq"): "mm_rq", (Op.MM, "pb"): "mm_pack",
+                                            (Op.MM, "pc"): "mm_pack_c"}
 
 
 def hw_operands(op, cfg: ChipConfig = BOOK) -> dict[str, tuple[int, int]]:
@@ -445,8 +450,12 @@ def _validate(ins, ext_words, index, cfg):
             raise IsaError(f"{where}: rq = 1 (fl bit 1) needs a chip with mm_rq=1 (fused requantization)")
         if o["pb"] and not cfg.mm_pack:
             raise IsaError(f"{where}: pb = 1 (fl bit 2) needs a chip with mm_pack=1 (B packed four int8 a word)")
-        if o["pb"] and o["tb"]:
+        if o["pb"] and o["tb"] and not cfg.mm_pack_c:
             raise IsaError(f"{where}: tb = 1 with pb = 1: a packed B (fl bit 2) must not be transposed")
+        if o["pc"] and not cfg.mm_pack_c:
+            raise IsaError(f"{where}: pc = 1 (fl bit 3) needs a chip with mm_pack_c=1 (C packed four int8 a word)")
+        if o["pc"] and not o["rq"]:
+            raise IsaError(f"{where}: pc = 1 (fl bit 3) needs rq = 1 (fl bit 1): a packed C holds int8 results")
         limits = issue_limits(Op.MM, cfg)
         for k, fname in (("M", "f"), ("K", "g"), ("N", "h")):
             hi, lo = HW_OPERANDS[Op.MM][k]
@@ -461,10 +470,14 @@ def _validate(ins, ext_words, index, cfg):
             operand = OPERANDS[Op.MM][fname]
             spad_address(where, operand, getattr(g, fname), Op.MM, operand)
         M, K, N = o["M"], o["K"], o["N"]
-        spad_region(where, "dst", o["dst"], (M - 1) * o["ldc"] + N)
+        per_word = cfg.elems_per_word
+        c_words = -(-N // per_word) if o["pc"] else N                     # a packed C: ceil(N/4) words a row
+        spad_region(where, "dst", o["dst"], (M - 1) * o["ldc"] + c_words)
         spad_region(where, "A", o["A"], (M - 1) * o["lda"] + K)
-        if o["pb"]:
-            span_b = (K - 1) * o["ldb"] + -(-N // cfg.elems_per_word)     # ceil(N/4) words a k
+        if o["pb"] and o["tb"]:
+            span_b = (N - 1) * o["ldb"] + -(-K // per_word)               # mm_pack_c: ceil(K/4) words an n
+        elif o["pb"]:
+            span_b = (K - 1) * o["ldb"] + -(-N // per_word)               # ceil(N/4) words a k
         else:
             span_b = (N - 1) * o["ldb"] + K if o["tb"] else (K - 1) * o["ldb"] + N
         spad_region(where, "B", o["B"], span_b)
@@ -542,15 +555,19 @@ def validate_program(words, ext_words: int | None = None, cfg: ChipConfig = BOOK
 
 # ---- the per-instruction cycle model (hardware spec 4.9) -----------------------------------------
 
-def mm_b_groups(N: int, cfg: ChipConfig, pb: int = 0) -> int:
+def mm_b_groups(N: int, cfg: ChipConfig, pb: int = 0, tb: int = 0) -> int:
     """Read cycles the MM unit spends on the N elements of one k of B: ``ceil(N/L)`` words one element
     each, or with ``pb`` (packed, docs/mm-fast.md) ``ceil(ceil(N/4)/L)`` words four elements each;
-    L = ``cfg.mm_load``."""
-    words = -(-N // cfg.elems_per_word) if pb else N
+    L = ``cfg.mm_load``. A packed and transposed B (``pb`` and ``tb`` on an ``mm_pack_c`` chip,
+    docs/mm-pack-c.md) is read as a transposed one, one word per n: ``ceil(N/L)``; on any other chip pb
+    wins and tb is not read."""
+    along_n = pb and not (tb and cfg.mm_pack_c)
+    words = -(-N // cfg.elems_per_word) if along_n else N
     return -(-words // cfg.mm_load)
 
 
-def mm_busy_cycles(M: int, K: int, N: int, cfg: ChipConfig, tb: int = 0, pb: int = 0, rq: int = 0) -> int:
+def mm_busy_cycles(M: int, K: int, N: int, cfg: ChipConfig, tb: int = 0, pb: int = 0, rq: int = 0,
+                   pc: int = 0) -> int:
     """WAIT cycles B of one MM of M x K times K x N on the chip `cfg` (the timing contract of
     hdl/units/mm.py; docs/mm-fast.md for ``pb`` and ``mm_overlap``).
 
@@ -577,10 +594,17 @@ def mm_busy_cycles(M: int, K: int, N: int, cfg: ChipConfig, tb: int = 0, pb: int
     so its last write takes one cycle more. With phases one after the other that cycle is the FIN
     cycle, which the unit has anyway: the first formula does not change.
 
-    `tb` does not enter either formula (it changes the addresses only).
+    `tb` does not enter either formula (it changes the addresses only), except through ``cB`` for a
+    packed and transposed B on an ``mm_pack_c`` chip (`mm_b_groups`: ``ceil(N/L)``, tb's reads).
+
+    A packed C (``pc`` = 1, an ``mm_pack_c`` chip, so overlapped; docs/mm-pack-c.md, which derives it)
+    adds nothing: the drain still selects one result a cycle in the same order, and the word of result
+    (m, n) is written in the cycle the unpacked result would be written when n % 4 = 3 or n = N-1, else
+    not at all; result (M-1, N-1) ends a word, so the last write, and with it done, does not move: `pc`
+    changes neither formula.
     """
     L = cfg.mm_load
-    groups_b = mm_b_groups(N, cfg, pb)
+    groups_b = mm_b_groups(N, cfg, pb, tb)
     if cfg.mm_overlap:
         c = max(-(-M // L), groups_b)
         return (K - 1) * c + max(3, c - 1) + M * N + 1 + RQ_PIPE_CYCLES * rq * cfg.rq_pipe
@@ -619,7 +643,7 @@ def busy_cycles(ins, lat: int = 8, cfg: ChipConfig = BOOK) -> int:
         # rq = 1 (docs/fused-rq.md) costs a cycle only with rq_pipe and mm_overlap (docs/rq-pipe.md); pb
         # and rq are read on a chip with mm_pack = 1 and mm_rq = 1 only
         return mm_busy_cycles(o["M"], o["K"], o["N"], cfg, tb=o["tb"], pb=o["pb"] if cfg.mm_pack else 0,
-                              rq=o["rq"] if cfg.mm_rq else 0)
+                              rq=o["rq"] if cfg.mm_rq else 0, pc=o["pc"] if cfg.mm_pack_c else 0)
     if op == Op.RQC:
         return RQC_BUSY
     if op in RESIDENT_OPS:
@@ -812,7 +836,7 @@ def describe(ins) -> str:
     except ValueError:
         return f"illegal opcode {op}"
     if op == Op.MM:
-        for flag in ("rq", "pb"):
+        for flag in ("rq", "pb", "pc"):
             if not o[flag]:
                 del o[flag]         # a plain MM reads as on the book's chip
     return name + "".join(f" {k}={v}" for k, v in o.items())

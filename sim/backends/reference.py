@@ -166,6 +166,11 @@ class ReferenceMachine(Backend):
             issued, last_issue = issued + 1, issue
             if op == Op.MM and not cfg.mm_pack:
                 o["pb"] = 0         # bit 20 is read only on a chip with mm_pack = 1 (docs/mm-fast.md)
+            if op == Op.MM:
+                # bit 21 is read only on a chip with mm_pack_c = 1, where tb with pb reads B packed along k
+                # (docs/mm-pack-c.md); elsewhere a packed B is never transposed (pb wins)
+                o["pc"] = o["pc"] if cfg.mm_pack_c else 0
+                o["tb"] = o["tb"] if cfg.mm_pack_c or not o["pb"] else 0
             if op in MM_RQ_OPS:
                 mm_rq = (o["m"], o["s"], o["relu"])
             elif op == Op.MM and cfg.mm_rq and o["rq"]:
@@ -302,7 +307,11 @@ def _mm(o, spad, ext, n_ext, sp, rq=None):
     dst, A, B, lda, ldb, ldc = o["dst"], o["A"], o["B"], o["lda"], o["ldb"], o["ldc"]
     M, K, N, tb = o["M"], o["K"], o["N"], o["tb"]
     a = [[_S8[spad[(A + i * lda + k) & sp] & 0xFF] for k in range(K)] for i in range(M)]
-    if o["pb"]:
+    if o["pb"] and tb:
+        # packed and transposed (an mm_pack_c chip, docs/mm-pack-c.md): byte k % 4 of word B + j*ldb + k // 4
+        b = [[_S8[(spad[(B + j * ldb + (k >> 2)) & sp] >> (8 * (k & 3))) & 0xFF] for k in range(K)]
+             for j in range(N)]
+    elif o["pb"]:
         # packed (docs/mm-fast.md): byte j % 4 of word B + k*ldb + j // 4; tb is not read
         b = [[_S8[(spad[(B + k * ldb + (j >> 2)) & sp] >> (8 * (j & 3))) & 0xFF] for k in range(K)]
              for j in range(N)]
@@ -313,10 +322,16 @@ def _mm(o, spad, ext, n_ext, sp, rq=None):
     for i in range(M):
         ai = a[i]
         row = dst + i * ldc
-        for j in range(N):
-            bj = b[j]
-            c = sum(x * y for x, y in zip(ai, bj))
-            spad[(row + j) & sp] = (c if rq is None else requant(c, *rq)) & _W
+        out = [sum(x * y for x, y in zip(ai, bj)) for bj in b]
+        out = [(c if rq is None else requant(c, *rq)) & _W for c in out]
+        if o["pc"]:
+            # packed C (docs/mm-pack-c.md): byte j % 4 of word row + j // 4 is the low byte of what the
+            # unpacked MM writes at row + j; each of the row's ceil(N/4) words whole, bytes past N zero
+            for w in range(0, N, 4):
+                spad[(row + (w >> 2)) & sp] = sum((c & 0xFF) << (8 * s) for s, c in enumerate(out[w:w + 4]))
+        else:
+            for j in range(N):
+                spad[(row + j) & sp] = out[j]
 
 
 def _resident(o, spad, ext, n_ext, sp):

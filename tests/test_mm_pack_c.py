@@ -1,0 +1,221 @@
+"""A packed C and a packed, transposed B (generator parameter ``mm_pack_c``, docs/mm-pack-c.md): MM's pc
+flag writes the int8 results four a word, and tb with pb reads B as N rows packed four a word. The
+configuration, the ISA, the cycle model and the reference machine against a numpy model here; the unit
+further down.
+"""
+import random
+from dataclasses import replace
+
+import numpy as np
+import pytest
+
+from hdl import isa
+from hdl.arith import requant
+from hdl.config import BOOK, PRESETS, ChipConfig, ChipSpecError, parse_chip
+from hdl.isa import IsaError, Op
+from sim.backends.reference import ReferenceMachine
+
+PACK_C = parse_chip("fast,mm_pack_c=1")
+FAST = PRESETS["fast"]
+# the formal unit chip's configuration: the book's array with the three parameters mm_pack_c needs
+SMALL = replace(BOOK, mm_rq=1, mm_pack=1, mm_overlap=1, mm_pack_c=1)
+
+
+# ---- configuration -------------------------------------------------------------------------------
+
+def test_presets_do_not_have_it():
+    assert all(cfg.mm_pack_c == 0 for cfg in PRESETS.values())
+    assert PACK_C == replace(FAST, mm_pack_c=1) and parse_chip(PACK_C.spec()) == PACK_C
+
+
+@pytest.mark.parametrize("value", [2, -1])
+def test_bad_value_names_it(value):
+    with pytest.raises(ValueError) as e:
+        replace(FAST, mm_pack_c=value)
+    assert str(e.value) == f"ChipConfig mm_pack_c must be 0 or 1, not {value}"
+
+
+@pytest.mark.parametrize("off", ["mm_pack", "mm_rq", "mm_overlap"])
+def test_needs_pack_rq_and_overlap(off):
+    cfg = replace(FAST, **{off: 0}, mm_pack_c=0)
+    with pytest.raises(ValueError) as e:
+        replace(cfg, mm_pack_c=1)
+    assert str(e.value) == (f"ChipConfig mm_pack_c = 1 needs mm_pack=1, mm_rq=1 and mm_overlap=1 (not mm_pack="
+                            f"{cfg.mm_pack}, mm_rq={cfg.mm_rq}, mm_overlap={cfg.mm_overlap})")
+    with pytest.raises(ChipSpecError) as e:
+        parse_chip(f"fast,{off}=0,mm_pack_c=1")
+    assert str(e.value).startswith(f"--chip 'fast,{off}=0,mm_pack_c=1': ChipConfig mm_pack_c = 1 needs")
+    assert "\n" not in str(e.value)
+
+
+# ---- the instruction ------------------------------------------------------------------------------
+
+def test_pc_is_fl_bit_3_and_read_only_on_pack_c_chips():
+    ins = isa.mm(0, 100, 200, 4, 8, 4, ldc=1, rq=1, pc=1)
+    assert (isa.encode(ins) >> 21) & 1 == 1 and (isa.encode(ins) >> 18) & 0b0111 == 0b010
+    assert isa.HW_OPERANDS[Op.MM]["pc"] == (21, 21) and isa.CHIP_OPERANDS[(Op.MM, "pc")] == "mm_pack_c"
+    assert isa.operands(ins)["pc"] == 1
+    assert "pc" in isa.hw_operands(Op.MM, PACK_C)
+    assert all("pc" not in isa.hw_operands(Op.MM, cfg) for cfg in PRESETS.values())
+    assert isa.describe(ins).endswith(" rq=1 pc=1")
+    assert "pc" not in isa.describe(isa.mm(0, 100, 200, 4, 8, 4, rq=1))
+    with pytest.raises(IsaError):
+        isa.mm(0, 0, 0, 1, 1, 1, pc=2)
+
+
+@pytest.mark.parametrize("cfg, ins, message", [
+    (FAST, isa.mm(0, 100, 200, 4, 8, 4, rq=1, pc=1),
+     "MM instruction: pc = 1 (fl bit 3) needs a chip with mm_pack_c=1 (C packed four int8 a word)"),
+    (PACK_C, isa.mm(0, 100, 200, 4, 8, 4, pc=1),
+     "MM instruction: pc = 1 (fl bit 3) needs rq = 1 (fl bit 1): a packed C holds int8 results"),
+    (FAST, isa.mm(0, 100, 200, 4, 8, 4, tb=1, pb=1),
+     "MM instruction: tb = 1 with pb = 1: a packed B (fl bit 2) must not be transposed"),
+    # the regions: C (M-1)*ldc + ceil(N/4) words, a packed transposed B (N-1)*ldb + ceil(K/4)
+    (PACK_C, isa.mm(4096 - 3 * 2 - 1, 0, 200, 4, 8, 5, ldc=2, rq=1, pc=1),
+     "MM instruction: dst = 4089 with length 8 runs past the end of the scratchpad (4096 words)"),
+    (PACK_C, isa.mm(0, 0, 4096 - 7 * 3 - 2, 4, 9, 8, ldb=3, tb=1, pb=1),
+     "MM instruction: B = 4073 with length 24 runs past the end of the scratchpad (4096 words)"),
+])
+def test_validate_refuses(cfg, ins, message):
+    with pytest.raises(IsaError) as e:
+        isa.validate(ins, cfg=cfg)
+    assert str(e.value) == message
+
+
+@pytest.mark.parametrize("ins", [
+    isa.mm(4096 - 3 * 2 - 2, 0, 200, 4, 8, 5, ldc=2, rq=1, pc=1),       # exactly fits: 6 + 2 words
+    isa.mm(0, 0, 4096 - 7 * 3 - 2, 4, 6, 8, ldb=3, tb=1, pb=1),          # exactly fits: 21 + 2 words
+    isa.mm(0, 0, 100, 8, 64, 8, ldb=16, tb=1, pb=1, rq=1, pc=1),
+])
+def test_validate_accepts_on_pack_c(ins):
+    isa.validate(ins, cfg=PACK_C)
+
+
+# ---- cycles ------------------------------------------------------------------------------------
+
+def test_cycles():
+    """pc adds nothing; tb with pb stages B as tb does (ceil(N/L) groups a k) on an mm_pack_c chip, and
+    as a packed B elsewhere (pb wins)."""
+    for cfg in (PACK_C, SMALL):
+        L = cfg.mm_load
+        for M in range(1, cfg.array + 1):
+            for N in range(1, cfg.array + 1):
+                for K in (1, 2, 5, 64):
+                    plain = isa.mm(0, 0, 0, M, K, N, rq=1)
+                    packed = isa.mm(0, 0, 0, M, K, N, rq=1, pc=1)
+                    assert isa.busy_cycles(packed, 8, cfg) == isa.busy_cycles(plain, 8, cfg)
+                    c = max(-(-M // L), -(-N // L))
+                    want = (K - 1) * c + max(3, c - 1) + M * N + 1 + cfg.rq_pipe
+                    for tb, pb in ((1, 1), (1, 0)):
+                        ins = isa.mm(0, 0, 0, M, K, N, rq=1, pc=1, tb=tb, pb=pb)
+                        assert isa.busy_cycles(ins, 8, cfg) == want, (M, K, N, tb, pb)
+                    assert isa.mm_b_groups(N, cfg, pb=1, tb=1) == -(-N // L)
+    assert isa.mm_b_groups(8, FAST, pb=1, tb=1) == 1 and isa.mm_b_groups(8, PACK_C, pb=1, tb=1) == 2
+
+
+# ---- the reference machine against a numpy model ---------------------------------------------------
+
+def _packed_bytes(words, count):
+    """The `count` signed bytes of 32-bit `words`, byte 0 of each first."""
+    return np.asarray(words, dtype="<u4").view(np.int8)[:count].astype(np.int64)
+
+
+def _model(spad, o, rqr):
+    """The scratchpad after one MM (a dict of `hdl.isa.operands`), from numpy: A, B as the contract reads
+    them, C = A @ B, requantized by `rqr` = (m, s, relu) when rq, packed four a word when pc."""
+    spad = np.array(spad, dtype=np.int64)
+    depth = len(spad)
+    M, K, N = o["M"], o["K"], o["N"]
+    idx = lambda base, rows, stride, n: ((base + np.arange(rows)[:, None] * stride + np.arange(n)) % depth)  # noqa: E731
+    A = spad[idx(o["A"], M, o["lda"], K)].astype(np.uint32).view(np.int32) & 0xFF
+    A = np.where(A > 127, A - 256, A).astype(np.int64)
+    if o["pb"] and o["tb"]:
+        words = spad[idx(o["B"], N, o["ldb"], -(-K // 4))].astype(np.uint32)
+        B = np.stack([_packed_bytes(row, K) for row in words]).T                  # (K, N)
+    else:
+        assert not o["pb"] and not o["tb"]
+        B = spad[idx(o["B"], K, o["ldb"], N)] & 0xFF
+        B = np.where(B > 127, B - 256, B)
+    C = A @ B
+    if o["rq"]:
+        C = np.vectorize(lambda c: requant(int(c), *rqr))(C).astype(np.int64)
+    for m in range(M):
+        if o["pc"]:
+            row = np.zeros(4 * -(-N // 4), dtype=np.uint8)
+            row[:N] = C[m] & 0xFF
+            for w, word in enumerate(row.view("<u4")):
+                spad[(o["dst"] + m * o["ldc"] + w) % depth] = int(word)
+        else:
+            for n in range(N):
+                spad[(o["dst"] + m * o["ldc"] + n) % depth] = int(C[m, n]) & 0xFFFFFFFF
+    return [int(v) for v in spad]
+
+
+def _random_case(rng, cfg):
+    M, N = rng.randint(1, cfg.array), rng.randint(1, cfg.array)
+    K = rng.choice([1, 2, 3, 4, 5, rng.randint(6, cfg.mm_max_k), cfg.mm_max_k])
+    tbpb = rng.random() < 0.5
+    lda = rng.choice([K, rng.randint(0, K + 5)])
+    ldb = rng.choice([-(-K // 4), rng.randint(0, 20)]) if tbpb else rng.choice([N, rng.randint(0, 12)])
+    ldc = rng.choice([-(-N // 4), rng.randint(0, 4), N])
+    A, B, dst = rng.randrange(cfg.spad_depth - 600), rng.randrange(cfg.spad_depth - 600), \
+        rng.randrange(cfg.spad_depth - 100)
+    if rng.random() < 0.3:
+        dst = A + rng.randint(0, 8)             # C over A: every operand is read before C is written
+    return isa.mm(dst, A, B, M, K, N, lda=lda, ldb=ldb, ldc=ldc, tb=int(tbpb), pb=int(tbpb), rq=1,
+                  pc=int(rng.random() < 0.7))
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("cfg", [PACK_C, SMALL], ids=["fast", "small"])
+def test_reference_matches_numpy(cfg):
+    rng = random.Random(5)
+    pcs = tbpbs = 0
+    for _ in range(60):
+        ins = _random_case(rng, cfg)
+        isa.validate(ins, cfg=cfg)
+        o = isa.operands(ins)
+        pcs, tbpbs = pcs + o["pc"], tbpbs + o["pb"]
+        spad = [rng.getrandbits(32) for _ in range(cfg.spad_depth)]
+        rqr = (rng.randint(1 << 22, (1 << 24) - 1), rng.randint(14, 30), rng.randint(0, 1))
+        prog = [isa.rqc(*rqr), ins, isa.halt()]
+        got = ReferenceMachine(config=cfg).run(prog, [0] * 16, scratchpad=spad)
+        assert got.scratchpad == _model(spad, o, rqr), isa.describe(ins)
+    assert pcs >= 20 and tbpbs >= 20
+
+
+@pytest.mark.timeout(60)
+def test_reference_packed_is_unpacked_then_packed():
+    """pc = 1 leaves the words that the same MM with pc = 0 (its results one a word) then packed would."""
+    cfg = PACK_C
+    rng = random.Random(9)
+    for _ in range(40):
+        M, N, K = rng.randint(1, 8), rng.randint(1, 8), rng.randint(1, 64)
+        ldc = -(-N // 4) + rng.randint(0, 2)
+        spad = [rng.getrandbits(32) for _ in range(cfg.spad_depth)]
+        rqr = (rng.getrandbits(24), rng.randint(0, 63), rng.randint(0, 1))
+        run = lambda pc, dst, ldc: ReferenceMachine(config=cfg).run(  # noqa: E731
+            [isa.rqc(*rqr), isa.mm(dst, 0, 1000, M, K, N, ldb=N, ldc=ldc, rq=1, pc=pc), isa.halt()],
+            [0] * 16, scratchpad=spad)
+        unpacked = run(0, 3000, N).scratchpad
+        packed = run(1, 2000, ldc)
+        want = list(spad)
+        for m in range(M):
+            for w in range(-(-N // 4)):
+                want[2000 + m * ldc + w] = sum((unpacked[3000 + m * N + n] & 0xFF) << (8 * (n - 4 * w))
+                                               for n in range(4 * w, min(N, 4 * w + 4)))
+        assert packed.scratchpad == want
+        assert packed.counters[1] == run(0, 3000, N).counters[1]
+
+
+def test_tb_pb_elsewhere_is_a_packed_b():
+    """On a chip without mm_pack_c (unchecked: validate refuses it) tb with pb reads B packed along n, as
+    before: pb wins."""
+    rng = random.Random(3)
+    spad = [rng.getrandbits(32) for _ in range(FAST.spad_depth)]
+    both = isa.mm(3000, 0, 1000, 4, 9, 8, ldb=2, tb=1, pb=1)
+    pb_only = isa.mm(3000, 0, 1000, 4, 9, 8, ldb=2, pb=1)
+    run = lambda ins, cfg: ReferenceMachine(config=cfg, check=False).run(  # noqa: E731
+        [ins, isa.halt()], [0] * 16, scratchpad=spad)
+    assert run(both, FAST).scratchpad == run(pb_only, FAST).scratchpad
+    assert run(both, PACK_C).scratchpad != run(pb_only, PACK_C).scratchpad
