@@ -25,6 +25,8 @@ from hdl.isa import amax, halt, ld, st
 from hdl.properties import checks
 from hdl.units import unit_classes
 from hdl.units.amax import ArgmaxUnit
+from hdl.units.base import COMPLETION_PROPERTIES
+from hdl.units.st import StoreUnit
 from sim.backends import AssertionFailed
 from sim.backends.reference import ReferenceMachine
 from sim.verify.progen import RESIDENT_CI_CONFIGS
@@ -147,6 +149,34 @@ def test_a_failed_assertion_names_the_property_and_the_edge(monkeypatch, tmp_pat
     # the model was built with Verilator's --assert, and the driver told to report
     log = (be.model(64, lat).parent / "build.log").read_text().splitlines()[0]
     assert " --assert " in log and "--noassert" not in log and "-DGA2_ASSERT=1" in log
+
+
+class LateStore(StoreUnit):
+    """ST whose last word goes through a drain cycle: done one cycle late, everything it writes unchanged.
+    Only the cycle counts and the exact completion (a check of `hdl.properties.checks`) can tell."""
+    def one_pass(self, m, opr, n, drain=False):
+        return super().one_pass(m, opr, n, drain=True)
+
+
+@needs_verilator
+@pytest.mark.timeout(900)
+def test_a_late_done_fails_the_exact_completion(monkeypatch, tmp_path):
+    """The model with assertions carries the simulation-only checks: an ST one cycle late fails
+    st.exact_completion at the edge after the reference's done cycle."""
+    import hdl.chip
+    from hdl.harness import ChipHarness
+    monkeypatch.setattr(hdl.chip, "StoreUnit", LateStore)
+    be = VerilatorBackend(build_dir=tmp_path, design=lambda ext, lat: ChipHarness(ext_words=ext, lat=lat),
+                          asserts=True)
+    lat = 3
+    image = list(range(1, 9)) + [0] * 56
+    program = [ld(0, 0, 8).word, st(0, 40, 8).word, halt().word]
+    with pytest.raises(AssertionFailed) as e:
+        be.run(program, image, lat)
+    # ST's done comes one cycle after the cycle model's (the prefix's cycles without HALT's two)
+    edge = ReferenceMachine().run(program, image, lat).cycles - 2 + 1
+    assert str(e.value) == (f"assertion st.exact_completion failed at edge {edge} after the start pulse: "
+                            f"{COMPLETION_PROPERTIES['exact_completion']}"), str(e.value)
 
 
 @needs_verilator
