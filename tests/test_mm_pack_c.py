@@ -219,3 +219,100 @@ def test_tb_pb_elsewhere_is_a_packed_b():
         [ins, isa.halt()], [0] * 16, scratchpad=spad)
     assert run(both, FAST).scratchpad == run(pb_only, FAST).scratchpad
     assert run(both, PACK_C).scratchpad != run(pb_only, PACK_C).scratchpad
+
+
+# ---- the unit (hdl/units/mm.py's overlapped unit) on its own ------------------------------------------
+
+UNIT_CHIPS = [SMALL, replace(SMALL, rq_pipe=1), PACK_C]
+
+
+def _unit_cases(rng, cfg, count):
+    """Corner shapes then random ones, every pairing of pc and tb+pb; each an RQC and an MM."""
+    n, d = cfg.array, cfg.row_depth
+    shapes = [(n, 9, n), (1, 1, 1), (n, 4, n - 1), (3, min(d, 64), min(5, n))][:count]
+    shapes += [(rng.randint(1, n), rng.choice([1, 2, 3, 5, rng.randint(1, 20)]), rng.randint(1, n))
+               for _ in range(count - len(shapes))]
+    cases = []
+    for i, (M, K, N) in enumerate(shapes):
+        pc, tbpb = i % 2, (i // 2) % 2
+        rqr = (rng.randint(1 << 22, (1 << 24) - 1), rng.randint(12, 24), rng.randint(0, 1))
+        cases.append((rqr, _random_case_shaped(rng, cfg, M, K, N, pc, tbpb)))
+    return cases
+
+
+def _random_case_shaped(rng, cfg, M, K, N, pc, tbpb):
+    """An MM of this shape with random bases and strides (usually dense), sometimes C over A or B."""
+    def stride(dense):
+        return dense if rng.random() < 0.6 else rng.randrange(40)
+    A, B, dst = (rng.randrange(cfg.spad_depth) for _ in range(3))
+    pick = rng.random()
+    if pick < 0.2:
+        dst = A
+    elif pick < 0.4:
+        dst = B
+    return isa.mm(dst, A, B, M, K, N, lda=stride(K), ldb=stride(-(-K // 4) if tbpb else N),
+                  ldc=stride(-(-N // 4) if pc else N), tb=tbpb, pb=tbpb, rq=1, pc=pc)
+
+
+def _run_unit(cfg, cases, seed, trace=False):
+    """Each (rqc, MM) on the unit of chip `cfg` from a random scratchpad: after each MM the whole
+    scratchpad is the reference machine's; returns [(B, trace)]."""
+    from hdl.units.mm import MatrixUnit
+    from tests.unitbench import SPAD_DEPTH, simulate
+    assert SPAD_DEPTH == cfg.spad_depth
+    rng = random.Random(seed)
+    background = [rng.getrandbits(32) for _ in range(SPAD_DEPTH)]
+
+    async def bench_fn(ctx, bench):
+        unit = bench.unit
+        bench.fill(ctx, background)
+        mirror = list(background)
+        out = []
+        for rqr, ins in cases:
+            ctx.set(unit.ins, isa.rqc(*rqr).word)
+            ctx.set(unit.rqc, 1)
+            await ctx.tick()
+            ctx.set(unit.rqc, 0)
+            mirror = ReferenceMachine(config=cfg, check=False).run([isa.rqc(*rqr), ins, isa.halt()], [0] * 16,
+                                                      scratchpad=mirror).scratchpad
+            out.append(await bench.issue(ctx, ins.word, trace=trace))
+            bench.check_against(ctx, mirror, ins.word)
+            await bench.idle(ctx, 1)
+        return out
+    return simulate(MatrixUnit(config=cfg), bench_fn)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("cfg", UNIT_CHIPS, ids=["small", "small_pipe", "fast"])
+def test_unit_equals_reference_and_cycle_model(cfg):
+    """The packed C and the packed transposed B on the overlapped unit (pysim, the simulation-only checks
+    on: exact_completion, write_region): the scratchpad is the reference machine's after each MM and B is
+    hdl.isa.busy_cycles."""
+    rng = random.Random(cfg.key())
+    cases = _unit_cases(rng, cfg, 6)
+    for _, ins in cases:
+        isa.validate(ins, cfg=cfg)
+    got = [b for b, _ in _run_unit(cfg, cases, seed=7)]
+    assert got == [isa.busy_cycles(ins, 8, cfg) for _, ins in cases]
+
+
+@pytest.mark.timeout(300)
+def test_unit_writes_each_word_at_its_last_element():
+    """docs/mm-pack-c.md's drain on the fast chip's unit: the word of elements (m, 4w .. 4w+3) goes out in
+    the cycle the unpacked element (m, min(4w+3, N-1)) would, X0 + 1 + m*N + n + rq_pipe (W numbering),
+    at dst + m*ldc + w; nothing else is written."""
+    cfg = PACK_C
+    L = cfg.mm_load
+    rng = random.Random(11)
+    cases = [((1 << 23, 16, 0), isa.mm(4000, 100, 2000, 5, 9, 7, ldc=3, rq=1, pc=1)),
+             ((1 << 23, 16, 1), isa.mm(4090, 4093, 7, 8, 6, 8, lda=11, ldb=2, ldc=2, tb=1, pb=1, rq=1, pc=1)),
+             ((3 << 22, 18, 0), isa.mm(10, 10, 3000, 3, 5, 4, ldb=5, ldc=1, rq=1, pc=1))]
+    for (rqr, ins), (b, cycles) in zip(cases, _run_unit(cfg, cases, seed=3, trace=True)):
+        o = isa.operands(ins)
+        M, K, N = o["M"], o["K"], o["N"]
+        C = max(-(-M // L), isa.mm_b_groups(N, cfg, o["pb"], o["tb"]))
+        x0 = (K - 1) * C + max(3, C - 1)
+        want = [(x0 + 1 + m * N + n + cfg.rq_pipe, (o["dst"] + m * o["ldc"] + n // 4) % cfg.spad_depth)
+                for m in range(M) for n in range(N) if n % 4 == 3 or n == N - 1]
+        assert [(cy.n, cy.wa) for cy in cycles if cy.we] == want
+        assert b == want[-1][0] + 1 == isa.busy_cycles(ins, 8, cfg)      # done the cycle after the last write

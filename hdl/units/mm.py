@@ -64,13 +64,19 @@ from hdl.systolic import SystolicArray
 from .base import SpadUnit, operand, operand_bits, operand_layout
 from .rq import RQ_PIPE_PROPERTIES, check_write_in_busy
 
-__all__ = ["MatrixUnit", "MM_RQ_PROPERTIES", "packed_column"]
+__all__ = ["MatrixUnit", "MM_RQ_PROPERTIES", "MM_PACK_C_PROPERTIES", "packed_column"]
 
 # The output requantizer's properties (a unit with mm_rq only, scope "mm_rq": sim.verify.formal's target of
 # that name proves them with the unit contract), by name, with the statement the formal tool prints.
 MM_RQ_PROPERTIES = {
     "rq_hold": "the requantizer registers change only at an edge where rqc is high, to RQC's fields of ins",
     "rq_range": "with the MM's rq set, every word written is an int8 in [-127, 127], sign-extended (>= 0 with relu)",
+}
+# A packed C's properties (a unit with mm_pack_c only, scope "mm_pack_c", docs/mm-pack-c.md); rq_range then
+# holds for the words an MM without pc writes.
+MM_PACK_C_PROPERTIES = {
+    "pc_range": "with the MM's rq and pc set, every word written holds int8s in [-127, 127] up to its newest "
+                "element's byte (that one >= 0 with relu) and zeros past it",
 }
 
 
@@ -309,17 +315,49 @@ class MatrixUnit(SpadUnit):
         (the cycle after each OUT cycle: the serial unit's FIN or the overlapped unit's LAST writes the
         last element)."""
         out_now = fsm.ongoing("OUT")
+        # with a packed C the element's enable goes to `_pack_c`, which writes only a word's last element
+        we = Signal(name="we_element") if self.config.mm_pack_c else self.spad.we
         if self._piped:
             we_d = Signal(name="we_d")
             m.d.sync += we_d.eq(out_now)
-            m.d.comb += self.spad.we.eq(Mux(opr.rq, we_d, out_now))
+            m.d.comb += we.eq(Mux(opr.rq, we_d, out_now))
         else:
-            m.d.comb += self.spad.we.eq(out_now)
+            m.d.comb += we.eq(out_now)
+        if self.config.mm_pack_c:
+            self._pack_c(m, opr, we)
+
+    def _pack_c(self, m, opr, we_element):
+        """A packed C (``pc``, docs/mm-pack-c.md): the drain's elements come one a cycle as without pc (the
+        element in ``_element``, valid when `we_element`); element (m, n)'s low byte is byte n % 4 of its
+        word. Bytes 0..2 wait in ``pc_held``; the word is written whole, bytes past n zero, in the cycle of
+        its last element (n % 4 = 3 or n = N-1), at the address the OUT walk keeps (orow + n // 4)."""
+        ni = self._ni
+        if self._piped:
+            # the piped requantizer's element was selected a cycle ago: so was its column
+            ni_d = Signal.like(ni, name="ni_d")
+            m.d.sync += ni_d.eq(ni)
+            n_e = Mux(opr.rq, ni_d, ni)
+        else:
+            n_e = ni
+        pos = self._pc_pos = Signal(2, name="pc_pos")
+        ends = Signal(name="pc_ends")
+        held = Signal(24, name="pc_held")
+        byte = self._element[:8]
+        m.d.comb += [pos.eq(n_e[:2]), ends.eq((pos == 3) | (n_e == opr.N - 1))]
+        for j in range(3):
+            with m.If(we_element & (pos == j)):
+                m.d.sync += held[8 * j:8 * j + 8].eq(byte)
+        word = Cat(*(Mux(pos == j, byte, Mux(pos > j, held[8 * j:8 * j + 8], 0)) for j in range(3)),
+                   Mux(pos == 3, byte, 0))
+        m.d.comb += [self.spad.wdata.eq(Mux(opr.pc, word, self._element)),
+                     self.spad.we.eq(we_element & (~opr.pc | ends))]
 
     @classmethod
     def scope_of(cls, cfg):
         """"mm"; "mm_rq" on an mm_rq chip, "mm_rq_pipe" on one with rq_pipe too; "mm_fast" on an mm_pack or
-        mm_overlap chip without mm_rq."""
+        mm_overlap chip without mm_rq; "mm_pack_c" on an mm_pack_c chip (docs/mm-pack-c.md)."""
+        if cfg.mm_pack_c:
+            return "mm_pack_c"
         if cfg.mm_rq:
             return "mm_rq_pipe" if cfg.rq_pipe else "mm_rq"
         return "mm_fast" if cfg.mm_pack or cfg.mm_overlap else "mm"
@@ -329,22 +367,26 @@ class MatrixUnit(SpadUnit):
         """The unit contract; with mm_rq the requantizer's `MM_RQ_PROPERTIES`, and with rq_pipe too
         `hdl.units.rq.RQ_PIPE_PROPERTIES`."""
         return {**super().properties_of(cfg), **(MM_RQ_PROPERTIES if cfg.mm_rq else {}),
-                **(RQ_PIPE_PROPERTIES if cfg.mm_rq and cfg.rq_pipe else {})}
+                **(RQ_PIPE_PROPERTIES if cfg.mm_rq and cfg.rq_pipe else {}),
+                **(MM_PACK_C_PROPERTIES if cfg.mm_pack_c else {})}
 
     def write_inside(self, m, opr):
         """The write this cycle is C element (m, n) at dst + m*ldc + n (modulo the depth), m < M, n < N, with
-        (m, n) a monitor of its own stepping m-major at each write from (0, 0) at the start."""
+        (m, n) a monitor of its own stepping m-major at each write from (0, 0) at the start; with a packed C
+        (pc, docs/mm-pack-c.md) word (m, w) at dst + m*ldc + w, w < ceil(N/4)."""
         mon_m, mon_n = Signal.like(opr.M, name="mon_m"), Signal.like(opr.N, name="mon_n")
         mon_row = self.addr_signal("mon_row")          # dst + m*ldc, kept by adding ldc a row (no multiplier)
+        # a packed C (docs/mm-pack-c.md): (m, w), the word w < ceil(N/4) of row m, at dst + m*ldc + w
+        row_words = Mux(opr.pc, (opr.N + 3) >> 2, opr.N) if self.config.mm_pack_c else opr.N
         with m.If(self.start & ~self.busy):
             m.d.sync += [mon_m.eq(0), mon_n.eq(0), mon_row.eq(operand(self.ins, Op.MM, "dst"))]
         with m.Elif(self.spad.we):
-            with m.If(mon_n == opr.N - 1):
+            with m.If(mon_n == row_words - 1):
                 m.d.sync += [mon_n.eq(0), mon_m.eq(mon_m + 1), mon_row.eq(mon_row + opr.ldc)]
             with m.Else():
                 m.d.sync += mon_n.eq(mon_n + 1)
         want = (mon_row + mon_n)[:self.config.spad_addr_bits]
-        return (self.spad.waddr == want) & (mon_m < opr.M) & (mon_n < opr.N)
+        return (self.spad.waddr == want) & (mon_m < opr.M) & (mon_n < row_words)
 
     def busy_cycles(self, opr):
         """``hdl.isa.mm_busy_cycles`` of the MM latched in `opr`, as a value (the same formula, written with
@@ -354,6 +396,8 @@ class MatrixUnit(SpadUnit):
         lg = (L - 1).bit_length()
         M, K, N = opr.M, opr.K, opr.N
         words = Mux(opr.pb, (N + 3) >> 2, N) if cfg.mm_pack else N      # B's words a k: ceil(N/4) packed
+        if cfg.mm_pack_c:
+            words = Mux(opr.pb & ~opr.tb, (N + 3) >> 2, N)                # packed along k: tb's reads
         groups_b = (words + (L - 1)) >> lg
         if cfg.mm_overlap:
             groups_a = (M + (L - 1)) >> lg
@@ -371,9 +415,10 @@ class MatrixUnit(SpadUnit):
                 check_write_in_busy(m, self.scope, self.spad.we, self.busy)
 
     @staticmethod
-    def _out_walk(m, opr, mi, ni, orow, oaddr, last):
+    def _out_walk(m, opr, mi, ni, orow, oaddr, last, pc=None):
         """One OUT cycle: C element (mi, ni) is written at oaddr; step m-major, or `last()` after
-        element (M-1, N-1)."""
+        element (M-1, N-1). With `pc` set (a packed C, docs/mm-pack-c.md) oaddr is the word of element
+        (mi, ni), orow + ni // 4: it steps after every fourth element of a row."""
         M, N, ldc = opr.M, opr.N, opr.ldc
         with m.If(ni == N - 1):
             m.d.sync += ni.eq(0)
@@ -382,7 +427,7 @@ class MatrixUnit(SpadUnit):
             with m.Else():
                 m.d.sync += [mi.eq(mi + 1), orow.eq(orow + ldc), oaddr.eq(orow + ldc)]
         with m.Else():
-            m.d.sync += [ni.eq(ni + 1), oaddr.eq(oaddr + 1)]
+            m.d.sync += [ni.eq(ni + 1), oaddr.eq(oaddr + (1 if pc is None else Mux(pc, ni[:2] == 3, 1)))]
 
     def _feed(self, m, array, rd, t, M, K, N):
         """The array's skewed feed from the operand memories in its cycle `t`; returns `running`, the
@@ -433,8 +478,13 @@ class MatrixUnit(SpadUnit):
             with m.If(self.rqc):
                 m.d.sync += regs.eq(operand_bits(self.ins, Op.RQC))
             m.submodules.requant = rq = Requantizer(config=cfg)
-            m.d.comb += [rq.acc.eq(c_out), rq.m.eq(regs.m), rq.s.eq(regs.s), rq.relu.eq(regs.relu),
-                         self.spad.wdata.eq(Mux(opr.rq, rq.q, c_out))]     # q is signed(8): sign-extended
+            m.d.comb += [rq.acc.eq(c_out), rq.m.eq(regs.m), rq.s.eq(regs.s), rq.relu.eq(regs.relu)]
+            if cfg.mm_pack_c:
+                # the element as an unpacked C writes it; `_pack_c` packs its low byte when pc
+                self._element = Signal(32, name="element")
+                m.d.comb += self._element.eq(Mux(opr.rq, rq.q, c_out))
+            else:
+                m.d.comb += self.spad.wdata.eq(Mux(opr.rq, rq.q, c_out))     # q is signed(8): sign-extended
         else:
             m.d.comb += self.spad.wdata.eq(c_out)
 
@@ -451,9 +501,20 @@ class MatrixUnit(SpadUnit):
         # the relu the word was requantized with: the registers' now, or a cycle ago through the pipeline
         relu = h.past(self.rq_regs.relu, "relu") if self._piped else self.rq_regs.relu
         in_range = (w >= Mux(relu, 0, -127)) & (w <= 127)
-        h.check("rq_range", ~(self.spad.we & opr.rq) | in_range, t["rq_range"],
-                covers={"a requantized write": self.spad.we & opr.rq,
-                        "a requantized write with relu": self.spad.we & opr.rq & relu})
+        fused = opr.rq & ~opr.pc if self.config.mm_pack_c else opr.rq
+        h.check("rq_range", ~(self.spad.we & fused) | in_range, t["rq_range"],
+                covers={"a requantized write": self.spad.we & fused,
+                        "a requantized write with relu": self.spad.we & fused & relu})
+        if self.config.mm_pack_c:
+            pos = self._pc_pos
+            lanes = [w[8 * j:8 * j + 8].as_signed() for j in range(4)]
+            newest = w.word_select(pos, 8).as_signed()
+            packed_ok = Cat(*(Mux(pos >= j, lane != -128, lane == 0) for j, lane in enumerate(lanes))).all() & \
+                (~relu | (newest >= 0))
+            packed = self.spad.we & opr.rq & opr.pc
+            h.check("pc_range", ~packed | packed_ok, MM_PACK_C_PROPERTIES["pc_range"],
+                    covers={"a packed write": packed, "a packed write of a partial word": packed & (pos != 3),
+                            "a packed write with relu": packed & relu})
 
     def _elaborate_overlap(self, m, opr, array, wr, rd):
         """The unit of a chip with ``mm_overlap`` (docs/mm-fast.md "The schedule"): states IDLE, LOAD
@@ -464,7 +525,13 @@ class MatrixUnit(SpadUnit):
         lg_load = (L - 1).bit_length()
         dst, lda, ldb = opr.dst, opr.lda, opr.ldb
         M, K, N = opr.M, opr.K, opr.N
-        if cfg.mm_pack:
+        pk = None
+        if cfg.mm_pack_c:
+            # tb with pb: N rows packed four a word, read transposed as tb reads (docs/mm-pack-c.md)
+            tb = opr.tb
+            pk = opr.pb & tb
+            pb = opr.pb & ~tb
+        elif cfg.mm_pack:
             pb = opr.pb
             tb = opr.tb & ~pb           # a packed B is never transposed
         else:
@@ -476,7 +543,10 @@ class MatrixUnit(SpadUnit):
         # operands (`sched`): no arithmetic between the operand register and the array's feed, where the
         # chip's longest path ran once the requantizer had its register (docs/synthesis.md).
         M_i, K_i, N_i = (operand(self.ins, Op.MM, f) for f in ("M", "K", "N"))
-        if cfg.mm_pack:
+        if cfg.mm_pack_c:
+            packed_n = operand(self.ins, Op.MM, "pb") & ~operand(self.ins, Op.MM, "tb")
+            b_words_i = Mux(packed_n, (N_i + 3) >> 2, N_i)
+        elif cfg.mm_pack:
             b_words_i = Mux(operand(self.ins, Op.MM, "pb"), (N_i + 3) >> 2, N_i)
         else:
             b_words_i = N_i
@@ -515,6 +585,9 @@ class MatrixUnit(SpadUnit):
         g_d = Signal.like(gs, name="g_d")
         b_port = Mux(tb, ldb, 1)            # B's read-port step: along a k (tb = 0, packed) or down (tb)
         b_row = Mux(tb, 1, ldb)             # B's next k
+        if cfg.mm_pack_c:
+            # packed along k: the next k is in the same word of each n but after every fourth k
+            b_row = Mux(tb, Mux(pk, ks[:2] == 3, 1), ldb)
         # A's column k: L rows a group through read ports 0..L-1 (port j at pa + j*lda)
         m.d.comb += self.spad.raddr.eq(pa)
         for j in range(1, L):
@@ -538,6 +611,9 @@ class MatrixUnit(SpadUnit):
                 byte, group = packed_column(b_words_in, i)
                 b_val = Mux(pb, byte, b_val)
                 b_grp = Mux(pb, g_d == group, b_grp)
+            if cfg.mm_pack_c:
+                # packed along k: byte k % 4 of column i's word, in tb's group
+                b_val = Mux(pk, b_words_in[i % L].word_select(k_d[:2], 8).as_signed(), b_val)
             for s in range(L):
                 m.d.comb += [wr.data[i * L + s].eq(a_val), wr.data[(n_arr + i) * L + s].eq(b_val)]
                 en_a.append(va & (g_d == i // L) & sub_ok[s])
@@ -547,6 +623,7 @@ class MatrixUnit(SpadUnit):
         running = self._feed(m, array, rd, t, M, K, N)
         mi, ni = Signal(len(M), name="mi"), Signal(len(N), name="ni")
         orow, oaddr = self.addr_signal("orow"), self.addr_signal("oaddr")
+        self._ni = ni
         self._drain(m, array, mi, ni, oaddr, opr)
 
         with self.control(m) as fsm:
@@ -567,7 +644,8 @@ class MatrixUnit(SpadUnit):
                     m.next = "OUT"
 
             with m.State("OUT"):
-                self._out_walk(m, opr, mi, ni, orow, oaddr, lambda: self._finish_out(m, opr))
+                self._out_walk(m, opr, mi, ni, orow, oaddr, lambda: self._finish_out(m, opr),
+                               pc=opr.pc if cfg.mm_pack_c else None)
 
             if self._piped:
                 with m.State("LAST"):
