@@ -91,6 +91,12 @@ class ChipConfig:
         rows packed four a word transposed (``tb`` with ``pb``), for K/V rows stored four int8 a word
         (``docs/mm-pack-c.md``). Needs ``mm_pack``, ``mm_rq`` and ``mm_overlap``. 0, the book's chip and
         every preset, leaves the flag unread and ``validate`` refuses it set, and tb with pb.
+    spad_lanes : int
+        Results the scratchpad takes a cycle from the MM unit's drain (``docs/spad-lanes.md``): 1, the
+        book's, one write port; 2 or 4 store the scratchpad as that many banks interleaved by address
+        (bank = address mod lanes), one write port each, so the drain writes up to `spad_lanes`
+        consecutive results of a row of C a cycle (``hdl.isa.mm_busy_cycles``). Needs ``mm_overlap``;
+        the other units still write one word a cycle.
     """
 
     array: int = 4
@@ -111,6 +117,7 @@ class ChipConfig:
     prefetch: int = 0
     sm_div: int = 1
     mm_pack_c: int = 0
+    spad_lanes: int = 1
 
     def __post_init__(self):
         for f in fields(self):
@@ -161,6 +168,11 @@ class ChipConfig:
         if self.mm_pack_c and not (self.mm_pack and self.mm_rq and self.mm_overlap):
             raise ValueError(f"ChipConfig mm_pack_c = {self.mm_pack_c} needs mm_pack=1, mm_rq=1 and mm_overlap=1 "
                              f"(not mm_pack={self.mm_pack}, mm_rq={self.mm_rq}, mm_overlap={self.mm_overlap})")
+        if self.spad_lanes not in (1, 2, 4):
+            raise ValueError(f"ChipConfig spad_lanes must be 1, 2 or 4, not {self.spad_lanes}")
+        if self.spad_lanes > 1 and not self.mm_overlap:
+            raise ValueError(f"ChipConfig spad_lanes = {self.spad_lanes} needs mm_overlap=1 (the overlapped "
+                             f"MM unit's drain writes the lanes), not mm_overlap={self.mm_overlap}")
 
     # ---- derived widths and limits -----------------------------------------------------------------
     @property

@@ -602,12 +602,23 @@ def mm_busy_cycles(M: int, K: int, N: int, cfg: ChipConfig, tb: int = 0, pb: int
     (m, n) is written in the cycle the unpacked result would be written when n % 4 = 3 or n = N-1, else
     not at all; result (M-1, N-1) ends a word, so the last write, and with it done, does not move: `pc`
     changes neither formula.
+
+    Drain lanes (``cfg.spad_lanes`` = l > 1, an overlapped chip; docs/spad-lanes.md derives it): the drain
+    writes G = ceil(N/l) groups a row, group g being results g*l .. min(g*l+l, N)-1 of the row, one group a
+    cycle through the scratchpad's l banked write ports. The group's last result must be final before its
+    write cycle, which moves the first write N - G cycles later (0 when l = 1)::
+
+        B = (K-1)*C + max(3 + N - G, C - 1) + M*G + 1 + RQ_PIPE_CYCLES*rq*cfg.rq_pipe
+
+    With ``pc`` the groups are the same (l results a cycle, their bytes packed into the word they
+    belong to, the word written in the cycle of its last group), so `pc` changes nothing here either.
     """
     L = cfg.mm_load
     groups_b = mm_b_groups(N, cfg, pb, tb)
     if cfg.mm_overlap:
         c = max(-(-M // L), groups_b)
-        return (K - 1) * c + max(3, c - 1) + M * N + 1 + RQ_PIPE_CYCLES * rq * cfg.rq_pipe
+        g = -(-N // cfg.spad_lanes)         # drain groups a row: N when spad_lanes = 1
+        return (K - 1) * c + max(3 + N - g, c - 1) + M * g + 1 + RQ_PIPE_CYCLES * rq * cfg.rq_pipe
     groups_k = -(-K // L)
     return M * groups_k + K * groups_b + (K + M + N - 2) + M * N + 7
 
