@@ -316,3 +316,35 @@ def test_unit_writes_each_word_at_its_last_element():
                 for m in range(M) for n in range(N) if n % 4 == 3 or n == N - 1]
         assert [(cy.n, cy.wa) for cy in cycles if cy.we] == want
         assert b == want[-1][0] + 1 == isa.busy_cycles(ins, 8, cfg)      # done the cycle after the last write
+
+
+# ---- progen ------------------------------------------------------------------------------------------
+
+@pytest.mark.timeout(120)
+def test_progen_makes_packed_mms_on_pack_c_chips_only():
+    """On an mm_pack_c chip the fuzz mix has MMs with pc (dense ldc = ceil(N/4) among them) and with tb and
+    pb, every word valid once its ignored bits are cleared, and the reference runs them; the programs of
+    other chips read no pc bit and pair tb with pb nowhere."""
+    from sim.verify.progen import fuzz_case, ignored_bits
+    mms = []
+    for i in range(150):
+        c = fuzz_case(11, i, config=PACK_C)
+        for pc, word in enumerate(c.program):
+            if isa.issue_stop(word, PACK_C) is not None:
+                continue
+            plain = word & ~ignored_bits(word >> 124, PACK_C)
+            isa.validate(plain, ext_words=c.ext, index=pc, cfg=PACK_C)
+            if word >> 124 == Op.MM:
+                mms.append(isa.operands(plain))
+        if i < 6:
+            ReferenceMachine(config=PACK_C, check=False).run(c.program, c.image, c.lat)
+    packed_c = [o for o in mms if o["pc"]]
+    assert len(packed_c) >= 8 and all(o["rq"] for o in packed_c)
+    assert any(o["ldc"] == -(-o["N"] // 4) for o in packed_c) and {o["N"] % 4 for o in packed_c} == {0, 1, 2, 3}
+    assert sum(1 for o in mms if o["tb"] and o["pb"]) >= 8
+    for cfg in (FAST, BOOK):
+        for i in range(30):
+            for word in fuzz_case(11, i, config=cfg).program:
+                if word >> 124 == Op.MM and isa.issue_stop(word, cfg) is None:
+                    o = isa.operands(word & ~ignored_bits(Op.MM, cfg))
+                    assert o["pc"] == 0 and not (o["tb"] and o["pb"])

@@ -84,21 +84,41 @@ def _packed_b(rng: random.Random, fast, N: int) -> tuple[int, int]:
 
 def _mm_shape(rng: random.Random, fast) -> tuple[int, int, int, int, int, int]:
     """(M, N, K, tb, pb, words of one k of B) of a random MM on the chip `fast` (None: the book's array of 4),
-    drawn in the one order both generators use (so a seed gives the same programs as before)."""
+    drawn in the one order both generators use (so a seed gives the same programs as before). On an
+    mm_pack_c chip half the packed Bs are transposed (tb = pb = 1): the last item is then the words of one
+    n, ceil(K/4)."""
     top = 4 if fast is None else fast.array
     M, N = rng.randint(1, top), rng.randint(1, top)
     K = rng.choice([1, 64, rng.randint(2, 63)])
     tb = rng.randint(0, 1)
     pb, pw = _packed_b(rng, fast, N)
+    if pb and fast.mm_pack_c and rng.random() < 0.5:
+        # docs/mm-pack-c.md: N rows of K packed four a word, read transposed (ceil(K/4) words an n)
+        return M, N, K, 1, 1, -(-K // 4)
     return M, N, K, 0 if pb else tb, pb, pw
 
 
-def _maybe_fused(rng: random.Random, ins: Instr, mm_rq: bool) -> Instr:
+def _span_b(N: int, K: int, tb: int, pb: int, pw: int, ldb: int) -> int:
+    """Words of B's region (``hdl.isa.validate``'s): (K-1)*ldb + (ceil(N/4) packed, else N); transposed
+    (N-1)*ldb + (ceil(K/4) packed on an mm_pack_c chip, else K); `pw` the packed words of a k or an n."""
+    if tb:
+        return (N - 1) * ldb + (pw if pb else K)
+    return (K - 1) * ldb + (pw if pb else N)
+
+
+def _maybe_fused(rng: random.Random, ins: Instr, mm_rq: bool, fast=None) -> Instr:
     """On a chip with mm_rq=1 an MM gets its rq flag (fl[1]) one time in two; elsewhere `ins` as it is
-    (and no random number is drawn, so the book's programs do not change)."""
+    (and no random number is drawn, so the book's programs do not change). On an mm_pack_c chip (`fast`)
+    half the fused MMs write C packed (pc, fl[3], docs/mm-pack-c.md), half of those with the dense
+    ldc = ceil(N/4): C's region only shrinks, so the placement drawn for the unpacked C still holds."""
     if mm_rq and rng.random() < 0.5:
-        return Instr(**{**{f: getattr(ins, f) for f in ("op", "a", "b", "c", "d", "e", "f", "g", "h", "x")},
-                        "fl": ins.fl | 2})
+        fields = {f: getattr(ins, f) for f in ("op", "a", "b", "c", "d", "e", "f", "g", "h", "x")}
+        fl = ins.fl | 2
+        if fast is not None and fast.mm_pack_c and rng.random() < 0.5:
+            fl |= 8
+            if rng.random() < 0.5:
+                fields["x"] = -(-ins.h // 4)
+        return Instr(**{**fields, "fl": fl})
     return ins
 
 
@@ -146,15 +166,16 @@ class _Gen:
         ldb = rng.choice([pw if pb else K if tb else N, rng.randint(0, 70)])
         ldc = rng.choice([N, N, rng.randint(N, 12), rng.randint(0, N)])
         span_a = (M - 1) * lda + K
-        span_b = (K - 1) * ldb + pw if pb else (N - 1) * ldb + K if tb else (K - 1) * ldb + N
+        span_b = _span_b(N, K, tb, pb, pw, ldb)
         span_c = (M - 1) * ldc + N
         if span_a > 4 * ARENA or span_b > 4 * ARENA or span_c > RESULT_LEN:
             lda, ldb, ldc = K, (pw if pb else K if tb else N), N
-            span_a, span_b, span_c = (M - 1) * K + K, ((N - 1) * K + K if tb else (K - 1) * ldb + (pw if pb else N)), (M - 1) * N + N
+            span_a, span_b, span_c = (M - 1) * K + K, _span_b(N, K, tb, pb, pw, ldb), (M - 1) * N + N
         A = self.anywhere(span_a) if span_a <= RESULT_LEN else rng.randint(0, 4 * ARENA - span_a)
         B = self.anywhere(span_b) if span_b <= RESULT_LEN else rng.randint(0, 4 * ARENA - span_b)
         dst = rng.randint(RESULT_BASE, RESULT_BASE + RESULT_LEN - span_c)   # MM may overlap freely
-        return _maybe_fused(rng, mm(dst, A, B, M=M, K=K, N=N, lda=lda, ldb=ldb, ldc=ldc, tb=tb, pb=pb), self.mm_rq)
+        return _maybe_fused(rng, mm(dst, A, B, M=M, K=K, N=N, lda=lda, ldb=ldb, ldc=ldc, tb=tb, pb=pb), self.mm_rq,
+                            self.fast)
 
     def rqc(self) -> Instr:
         return _random_rqc(self.rng)
@@ -427,10 +448,10 @@ class _Wide:
         ldb = rng.choice([pw if pb else K if tb else N, rng.randint(0, 70), rng.randint(0, 1000)])
         ldc = rng.choice([N, N, rng.randint(0, 12), rng.randint(0, 1000)])
         span_a = (M - 1) * lda + K
-        span_b = (K - 1) * ldb + pw if pb else (N - 1) * ldb + K if tb else (K - 1) * ldb + N
+        span_b = _span_b(N, K, tb, pb, pw, ldb)
         if span_b > _SPAD:
             ldb = pw if pb else K if tb else N
-            span_b = pw * K if pb else N * K
+            span_b = _span_b(N, K, tb, pb, pw, ldb)
         if (M - 1) * lda + K > _SPAD or (M - 1) * ldc + N > _SPAD:    # only with M > 4 (mm-fast chips)
             lda, ldc = K, N
             span_a = M * K
@@ -438,7 +459,7 @@ class _Wide:
         A, B = self.source(span_a), self.source(span_b)
         dst = rng.randint(0, _SPAD - span_c)          # the operands are staged first: any overlap is fine
         ins = mm(dst, A, B, M=M, K=K, N=N, lda=lda, ldb=ldb, ldc=ldc, tb=tb, pb=pb)
-        return _maybe_fused(rng, ins, self.mm_rq), ("spad", dst, span_c)
+        return _maybe_fused(rng, ins, self.mm_rq, self.fast), ("spad", dst, span_c)
 
     def rqc(self):
         return _random_rqc(self.rng), self.prev         # writes nothing: the chain goes on
@@ -589,7 +610,9 @@ def random_program(rng, ext: int = 2048, knobs: Knobs | None = None, lat: int = 
         The chip (default the book's). Only ``mm_rq``, ``mm_pack`` and ``mm_overlap`` change the programs:
         with mm_rq they also carry RQCs and MMs with the rq flag (docs/fused-rq.md), and the junk spares
         MM's rq bit; with mm_pack or mm_overlap MM's M and N range over 1..array (else 1..4), and with
-        mm_pack half the MMs read B packed (pb = 1, docs/mm-fast.md) and the junk spares the pb bit.
+        mm_pack half the MMs read B packed (pb = 1, docs/mm-fast.md) and the junk spares the pb bit; with
+        mm_pack_c half of those are transposed (tb = pb = 1) and half the fused MMs write C packed (pc = 1,
+        docs/mm-pack-c.md), the junk sparing the pc bit.
         ``rq_pipe`` changes only the cycle budget's count (an RQ one cycle more, docs/rq-pipe.md); the
         knob `overlap` already places RQ's dst at src + 2, the placement the piped unit forwards. With
         ``prefetch`` (docs/prefetch.md) a wide program has bursts of 2..6 short instructions chained on
