@@ -127,7 +127,7 @@ def plan_layout(graph: Graph, config: ChipConfig, page_rows: int, pool_pages: in
                            f"{config.spec()} has none")
     outs = {n.attrs["name"]: n for n in graph.nodes if n.op == "output"}
     ins = {n.attrs["name"]: n for n in graph.nodes if n.op == "input"}
-    for name in ("tok", "logits", "k_new", "v_new"):
+    for name in ("logits", "k_new", "v_new"):           # tok is optional: the host may take it from the logits
         if name not in outs:
             raise CompileError(f"a resident step graph needs an output {name!r}")
     if "x" not in ins:
@@ -165,7 +165,8 @@ def plan_layout(graph: Graph, config: ChipConfig, page_rows: int, pool_pages: in
     x_words = ins["x"].size
     table_ext = x_words
     tok_addr = table_ext + table_cap
-    logits_addr = tok_addr + outs["tok"].size
+    # tok's words stay in the mailbox when the host takes the token from the logits (the same layout)
+    logits_addr = tok_addr + (outs["tok"].size if "tok" in outs else outs["logits"].rows)
     staging = logits_addr + outs["logits"].size
     k_base = staging + total
     pool_words = pool_pages * page_rows * row_words
@@ -336,7 +337,7 @@ def compile_step(layout: ResidentLayout, graph: Graph, calib_samples, ranges, lo
                 raise CompileError(f"step program: unexpected load {isa.describe(ins)} ({note})")
         elif op == isa.Op.ST:
             dst = o["dst"]
-            if dst == e["tok"].address:
+            if "tok" in e and dst == e["tok"].address:
                 put(isa.st(o["src"], layout.tok_addr, o["len"]), "store tok (mailbox)")
             elif dst == e["logits"].address:
                 put(isa.st(o["src"], layout.logits_addr, o["len"]), "store logits (mailbox)")
@@ -364,8 +365,9 @@ def finish_program(P: Program, instrs: list, notes: list, layout: ResidentLayout
         raise CompileError(f"the {what} is not legal for the chip: {err}") from None
     e = P.ext_map
     ext_map = {"x": dataclasses.replace(e["x"], address=layout.x_addr)}
-    if "tok" in e:                      # a batch of cache-only rows has no token and no logits
+    if "tok" in e:                      # absent when the host takes the token from the logits
         ext_map["tok"] = dataclasses.replace(e["tok"], address=layout.tok_addr)
+    if "logits" in e:                   # a batch of cache-only rows has no token and no logits
         ext_map["logits"] = dataclasses.replace(e["logits"], address=layout.logits_addr)
     return dataclasses.replace(P, code=code, instrs=instrs, notes=notes, ext_map=ext_map,
                                ext_words=layout.ext_needed, ext_size=cfg.ext_words)

@@ -56,7 +56,7 @@ class BatchError(ValueError):
     """A batch the chip cannot run (the message names the row or the limit)."""
 
 
-def build_batch_graph(m, ctxs, own_rows: bool = False) -> Graph:
+def build_batch_graph(m, ctxs, own_rows: bool = False, chip_argmax: bool = True) -> Graph:
     """The graph of one batched step: row i attends ``ctxs[i]`` tokens (its new one included).
 
     A context of 0 marks a *cache-only* row: a prompt row before the prompt's last token, whose logits
@@ -68,6 +68,9 @@ def build_batch_graph(m, ctxs, own_rows: bool = False) -> Graph:
     (n-1 rows each), and ``zk``/``zv`` (one row of zeros) when B > 1 and a row has cached rows. Outputs:
     ``k_new``/``v_new`` (B x D: row i's new cache row) and, when some row is full (F of them), ``tok``
     (F x 1) and ``logits`` (F x V). Every node carries a range tag of `TAGS`.
+
+    ``chip_argmax=False`` (resident mode): no argmax node and no ``tok`` output; the host takes each full
+    row's token from the integer logits it reads anyway (`hdl.arith.argmax_first`, AMAX's function).
 
     ``own_rows=True`` (resident mode): in a batch of several rows, ``kc{i}``/``vc{i}`` hold all n rows a
     row attends, its own new row last: the program stores the new rows into the cache before it gathers
@@ -88,13 +91,13 @@ def build_batch_graph(m, ctxs, own_rows: bool = False) -> Graph:
     K = g.tag(g.matmul(X, g.weight("Wk", m["Wk"])), "k")
     Vn = g.tag(g.matmul(X, g.weight("Wv", m["Wv"])), "v")
     if F:
-        _attend_and_head(g, m, ctxs[:F], B, XF, Q, K, Vn, own_rows)
+        _attend_and_head(g, m, ctxs[:F], B, XF, Q, K, Vn, own_rows, chip_argmax)
     g.tag(g.output(K, "k_new"), "k")
     g.tag(g.output(Vn, "v_new"), "v")
     return g
 
 
-def _attend_and_head(g, m, ctxs, B, X, Q, K, Vn, own_rows) -> None:
+def _attend_and_head(g, m, ctxs, B, X, Q, K, Vn, own_rows, chip_argmax=True) -> None:
     """The full rows' attention (row i over its cached rows and its new one), feed-forward and head."""
     zk = zv = None
     rows_a = []
@@ -131,7 +134,8 @@ def _attend_and_head(g, m, ctxs, B, X, Q, K, Vn, own_rows) -> None:
     Fo = g.tag(g.matmul(R, g.weight("W2", m["W2"])), "f")
     Y = g.tag(g.add(H, Fo), "y")
     logits = g.tag(g.matmul(Y, g.weight("Wout", m["Wout"])), "logits")
-    g.output(g.argmax(logits), "tok")
+    if chip_argmax:
+        g.output(g.argmax(logits), "tok")
     g.tag(g.output(logits, "logits"), "logits")
 
 
