@@ -155,8 +155,9 @@ class PortOwner(wiring.Component):
     -----
     cur : In(4)
         The owner's opcode (15: nobody).
-    spad : Out(SpadPort.of(config, reads=config.spad_reads))
-        To the scratchpad.
+    spad : Out(SpadPort.of(config, reads=config.spad_reads, lanes=config.spad_lanes))
+        To the scratchpad; its write lanes past 0 (``spad_lanes`` > 1) come from MM's port, the only
+        one that has them (docs/spad-lanes.md), and are off while another unit owns the port.
     ld, st, mm, ... : In(unit.spad.signature)
         One port per unit, named after its opcode, each the flip of the unit's ``spad``.
     host : In(SpadPort.of(config))
@@ -169,7 +170,8 @@ class PortOwner(wiring.Component):
     def __init__(self, units, *, config=BOOK, host=False):
         self._units = dict(units)
         self._host = bool(host)
-        members = {"cur": In(4), "spad": Out(SpadPort.of(config, reads=config.spad_reads))}
+        members = {"cur": In(4), "spad": Out(SpadPort.of(config, reads=config.spad_reads,
+                                                          lanes=config.spad_lanes))}
         for op, unit in self._units.items():
             members[op.name.lower()] = In(unit.spad.signature)
         if self._host:
@@ -187,6 +189,10 @@ class PortOwner(wiring.Component):
                          sp.wdata.eq(Mux(hp.we, hp.wdata, amax.wdata)), hp.rdata.eq(sp.rdata)]
         else:
             m.d.comb += [sp.raddr.eq(0), sp.we.eq(0), sp.waddr.eq(amax.waddr), sp.wdata.eq(amax.wdata)]
+        if sp.signature.lanes > 1:
+            # the write lanes past 0 (docs/spad-lanes.md): only MM's drain has them; their data always
+            # from MM (harmless: their enables are 0 unless MM owns the port)
+            m.d.comb += sp.wdata_x.eq(ports[Op.MM].wdata_x)
         with m.Switch(self.cur):
             for op, unit in self._units.items():
                 port = ports[op]
@@ -207,6 +213,8 @@ class PortOwner(wiring.Component):
                                 m.d.comb += [sp.raddr_x[k].eq(port.raddr_x[k]), port.rdata_x[k].eq(sp.rdata_x[k])]
                     if unit.WRITES:
                         m.d.comb += sp.we.eq(port.we)
+                        if port.signature.lanes > 1:
+                            m.d.comb += sp.we_x.eq(port.we_x)
                         if op != Op.AMAX:
                             m.d.comb += [sp.waddr.eq(port.waddr), sp.wdata.eq(port.wdata)]
         return m

@@ -169,12 +169,10 @@ class ChipHarness(wiring.Component):
                 self.ext_rdata.eq(ext.bd_rdata),
             ]
             # a read port of its own on the chip's scratchpad: the chip's port is busy with the chip
-            peek = chip.scratchpad.memory.read_port(domain="comb")
-            m.d.comb += [peek.addr.eq(self.spad_addr), self.spad_rdata.eq(peek.data)]
             if self.config.gather:
-                poke = chip.scratchpad.memory.write_port()
-                m.d.comb += [poke.en.eq(self.spad_we), poke.addr.eq(self.spad_addr),
-                             poke.data.eq(self.spad_wdata)]
+                chip.scratchpad.backdoor(m, self.spad_addr, self.spad_rdata, self.spad_we, self.spad_wdata)
+            else:
+                chip.scratchpad.backdoor(m, self.spad_addr, self.spad_rdata)
 
         rw.d.comb += [
             ext.req_valid.eq(chip.req_valid),

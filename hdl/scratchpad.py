@@ -1,5 +1,10 @@
 """The scratchpad: spad_depth x 32 bits (4096 on the book's chip), one write port, one synchronous NON-transparent read port (spec 5.1, 2.4).
 
+With ``spad_lanes`` = l > 1 (docs/spad-lanes.md) it is l banks interleaved by address (bank = address mod
+l), one write port a bank: a port then has l write lanes, lane i writing ``waddr + i``, so any l
+consecutive addresses, whatever the alignment, fall in distinct banks. Every read port reads every bank
+and selects by the registered low address bits. With l = 1 it is the book's single memory.
+
 The address presented in cycle c is sampled at the end of c and its data is visible in c+1; a write to
 the same address at that edge is not seen (the old word comes out). The read register has no enable.
 
@@ -7,7 +12,7 @@ the same address at that edge is not seen (the old word comes out). The read reg
 takes it flipped (``Scratchpad.port``), and the chip joins them with ``wiring.connect`` through its
 ownership decoder (`hdl.chip.PortOwner`).
 """
-from amaranth.hdl import Module
+from amaranth.hdl import Cat, Module, Signal
 from amaranth.lib import data, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
@@ -31,6 +36,10 @@ class SpadPort(wiring.Signature):
         Read ports, at least 1 (default 1). Port 0 is ``raddr``/``rdata``, the others
         ``raddr_x``/``rdata_x`` (only the MM unit of a chip with ``mm_load`` > 1 has them, and the VADD
         unit of a chip with ``vadd_ports`` = 2).
+    lanes : int, optional
+        Write lanes, 1, 2 or 4 (default 1). Lane 0 is ``we``/``waddr``/``wdata``; lane i > 0 writes
+        ``wdata_x[i-1]`` at ``waddr + i`` (modulo the depth) when ``we_x[i-1]`` (only the MM unit of a
+        chip with ``spad_lanes`` > 1 has them, docs/spad-lanes.md).
 
     Members
     -------
@@ -45,17 +54,20 @@ class SpadPort(wiring.Signature):
     wdata : Out(data_bits)
     raddr_x, rdata_x : Out(ArrayLayout(addr_bits, reads-1)), In(ArrayLayout(data_bits, reads-1))
         Read ports 1 .. reads-1, each like port 0; only when `reads` > 1.
+    we_x, wdata_x : Out(lanes-1), Out(ArrayLayout(data_bits, lanes-1))
+        Write lanes 1 .. lanes-1; only when `lanes` > 1.
 
     Raises
     ------
     TypeError, ValueError
-        If a width or `reads` is not an integer of at least 1.
+        If a width or `reads` is not an integer of at least 1, or `lanes` not 1, 2 or 4.
     """
 
-    def __init__(self, addr_bits, data_bits, reads=1):
+    def __init__(self, addr_bits, data_bits, reads=1, lanes=1):
         self.addr_bits = check_int(None, "addr_bits", addr_bits, 1)
         self.data_bits = check_int(None, "data_bits", data_bits, 1)
         self.reads = check_int(None, "reads", reads, 1)
+        self.lanes = check_lanes(None, lanes)
         members = {
             "raddr": Out(addr_bits),
             "rdata": In(data_bits),
@@ -66,22 +78,37 @@ class SpadPort(wiring.Signature):
         if reads > 1:
             members["raddr_x"] = Out(data.ArrayLayout(addr_bits, reads - 1))
             members["rdata_x"] = In(data.ArrayLayout(data_bits, reads - 1))
+        if lanes > 1:
+            members["we_x"] = Out(lanes - 1)
+            members["wdata_x"] = Out(data.ArrayLayout(data_bits, lanes - 1))
         super().__init__(members)
 
     @classmethod
-    def of(cls, config=BOOK, reads=1):
-        """The port of the scratchpad of chip `config` with `reads` read ports."""
-        return cls(config.spad_addr_bits, config.word_bits, reads)
+    def of(cls, config=BOOK, reads=1, lanes=1):
+        """The port of the scratchpad of chip `config` with `reads` read ports and `lanes` write lanes."""
+        return cls(config.spad_addr_bits, config.word_bits, reads, lanes)
+
+    def _key(self):
+        return (self.addr_bits, self.data_bits, self.reads, self.lanes)
 
     def __eq__(self, other):
-        return (type(other) is SpadPort and
-                (self.addr_bits, self.data_bits, self.reads) == (other.addr_bits, other.data_bits, other.reads))
+        return type(other) is SpadPort and self._key() == other._key()
 
     def __hash__(self):
-        return hash((SpadPort, self.addr_bits, self.data_bits, self.reads))
+        return hash((SpadPort, *self._key()))
 
     def __repr__(self):
-        return f"SpadPort({self.addr_bits}, {self.data_bits}, reads={self.reads})"
+        lanes = f", lanes={self.lanes}" if self.lanes > 1 else ""
+        return f"SpadPort({self.addr_bits}, {self.data_bits}, reads={self.reads}{lanes})"
+
+
+def check_lanes(owner, lanes):
+    """`lanes` if it is 1, 2 or 4 (write lanes of a port, banks of a scratchpad), else TypeError/ValueError
+    naming it."""
+    check_int(owner, "lanes", lanes, 1)
+    if lanes not in (1, 2, 4):
+        raise ValueError(f"lanes must be 1, 2 or 4, not {lanes}")
+    return lanes
 
 
 class Scratchpad(wiring.Component):
@@ -96,36 +123,55 @@ class Scratchpad(wiring.Component):
     reads : int, optional
         Read ports, at least 1 (default ``config.spad_reads``: the MM unit stages ``mm_load`` operand
         elements a cycle, one a port, and a VADD unit with ``vadd_ports`` = 2 reads through two).
+    lanes : int, optional
+        Write lanes, 1, 2 or 4 (default ``config.spad_lanes``): with l > 1 the words are stored in l banks
+        interleaved by address (docs/spad-lanes.md), bank b holding the words of addresses a = b (mod l)
+        at row a // l, each bank with one write port, so the l lanes' consecutive addresses always meet
+        l distinct banks. Every read port reads every bank at row a // l and a register of a's low
+        bits selects the word in the next cycle (one multiplexer level more on the read path).
     config : hdl.config.ChipConfig
         The chip whose scratchpad this is (keyword only; the book's chip by default).
 
     Ports
     -----
-    port : In(SpadPort(log2(depth), width, reads))
-        The port, flipped: the scratchpad takes the addresses and the write and returns ``rdata``
-        (and ``rdata_x``), the word at the previous cycle's address before that edge's write.
+    port : In(SpadPort(log2(depth), width, reads, lanes))
+        The port, flipped: the scratchpad takes the addresses and the writes and returns ``rdata``
+        (and ``rdata_x``), the word at the previous cycle's address before that edge's writes.
 
     Attributes
     ----------
-    memory : amaranth.lib.memory.Memory
-        The storage; simulators load and inspect it with ``ctx.set/ctx.get(memory.data[i])``.
+    banks : list of amaranth.lib.memory.Memory
+        The storage, `lanes` memories of depth // lanes words; simulators load and inspect word a with
+        ``ctx.set/ctx.get(scratchpad.row(a))``.
+    memory : amaranth.lib.memory.Memory or None
+        With one lane, the one memory (``banks[0]``: ``memory.data[i]`` is word i); None with more.
 
     Raises
     ------
     TypeError, ValueError
-        If `depth` is not an integer power of two of at least 2 or `width` not a positive integer.
+        If `depth` is not an integer power of two of at least 2 (and of at least 2*lanes), `width` not a
+        positive integer or `lanes` not 1, 2 or 4.
     """
 
-    def __init__(self, depth=None, width=None, reads=None, *, config=BOOK):
+    def __init__(self, depth=None, width=None, reads=None, lanes=None, *, config=BOOK):
         depth = config.spad_depth if depth is None else depth
         width = config.word_bits if width is None else width
         reads = config.spad_reads if reads is None else reads
+        lanes = config.spad_lanes if lanes is None else lanes
         aw = check_pow2(self, "depth", depth)
         check_int(self, "width", width, 1)
         check_int(self, "reads", reads, 1)
-        self._depth, self._width, self._reads = depth, width, reads
-        super().__init__({"port": In(SpadPort(aw, width, reads))})
-        self.memory = Memory(shape=width, depth=depth, init=[])
+        check_lanes(self, lanes)
+        if depth < 2 * lanes:
+            raise ValueError(f"Scratchpad depth {depth} is below two rows of {lanes} banks")
+        self._depth, self._width, self._reads, self._lanes = depth, width, reads, lanes
+        super().__init__({"port": In(SpadPort(aw, width, reads, lanes))})
+        if lanes == 1:
+            self.memory = Memory(shape=width, depth=depth, init=[])
+            self.banks = [self.memory]
+        else:
+            self.memory = None
+            self.banks = [Memory(shape=width, depth=depth // lanes, init=[]) for _ in range(lanes)]
 
     @property
     def depth(self):
@@ -139,8 +185,41 @@ class Scratchpad(wiring.Component):
     def reads(self):
         return self._reads
 
+    @property
+    def lanes(self):
+        return self._lanes
+
+    def row(self, addr):
+        """Word `addr` as a simulator's ``ctx.get``/``ctx.set`` take it: row addr // lanes of bank addr % lanes."""
+        return self.banks[addr % self._lanes].data[addr // self._lanes]
+
+    def backdoor(self, m, addr, rdata, we=None, wdata=None):
+        """Ports of the testbench's own in module `m`: `rdata` is word `addr` now (a combinational read),
+        and with `we` the word `wdata` is written at `addr` at the edge (the harness's backdoor, next to
+        the chip's port)."""
+        lanes = self._lanes
+        if lanes == 1:
+            peek = self.memory.read_port(domain="comb")
+            m.d.comb += [peek.addr.eq(addr), rdata.eq(peek.data)]
+            if we is not None:
+                poke = self.memory.write_port()
+                m.d.comb += [poke.en.eq(we), poke.addr.eq(addr), poke.data.eq(wdata)]
+            return
+        lg = lanes.bit_length() - 1
+        peeks = []
+        for b, bank in enumerate(self.banks):
+            peek = bank.read_port(domain="comb")
+            m.d.comb += peek.addr.eq(addr[lg:])
+            peeks.append(peek.data)
+            if we is not None:
+                poke = bank.write_port()
+                m.d.comb += [poke.en.eq(we & (addr[:lg] == b)), poke.addr.eq(addr[lg:]), poke.data.eq(wdata)]
+        m.d.comb += rdata.eq(Cat(*peeks).word_select(addr[:lg], self._width))
+
     def elaborate(self, platform):
         m = Module()
+        if self._lanes > 1:
+            return self._elaborate_banks(m)
         m.submodules.memory = self.memory
         wr = self.memory.write_port()
         # transparent_for=() : the read port does not forward the same-edge write (read-before-write).
@@ -157,4 +236,36 @@ class Scratchpad(wiring.Component):
             rd_x = self.memory.read_port(domain="sync", transparent_for=())    # like port 0
             m.d.comb += rd_x.addr.eq(p.raddr_x[j])
             m.d.comb += p.rdata_x[j].eq(rd_x.data)
+        return m
+
+    def _elaborate_banks(self, m):
+        """The banked scratchpad (docs/spad-lanes.md): bank b takes the lane whose address falls in it,
+        lane i = (b - waddr) mod lanes, at row (waddr + i) // lanes; read port r reads row raddr // lanes
+        of every bank and gives the bank of the registered raddr % lanes."""
+        p = self.port
+        lanes, width = self._lanes, self._width
+        lg = lanes.bit_length() - 1
+        aw = len(p.waddr)
+        we = Cat(p.we, p.we_x)
+        wdata = Cat(p.wdata, p.wdata_x.as_value())
+        raddrs = [p.raddr] + [p.raddr_x[j] for j in range(self._reads - 1)]
+        rdatas = [p.rdata] + [p.rdata_x[j] for j in range(self._reads - 1)]
+        sels = [Signal(lg, name=f"rsel{r}") for r in range(self._reads)]
+        m.d.sync += [sel.eq(a[:lg]) for sel, a in zip(sels, raddrs)]
+        words = [[] for _ in raddrs]
+        for b, bank in enumerate(self.banks):
+            m.submodules[f"bank{b}"] = bank
+            lane = Signal(lg, name=f"lane{b}")
+            addr = Signal(aw, name=f"waddr{b}")
+            m.d.comb += [lane.eq(b - p.waddr[:lg]), addr.eq(p.waddr + lane)]
+            wr = bank.write_port()
+            m.d.comb += [wr.en.eq(we.bit_select(lane, 1)), wr.addr.eq(addr[lg:]),
+                         wr.data.eq(wdata.word_select(lane, width))]
+            for r, a in enumerate(raddrs):
+                # transparent_for=() : read-before-write, as with one memory
+                rd = bank.read_port(domain="sync", transparent_for=())
+                m.d.comb += rd.addr.eq(a[lg:])
+                words[r].append(rd.data)
+        for r, out in enumerate(rdatas):
+            m.d.comb += out.eq(Cat(*words[r]).word_select(sels[r], width))
         return m

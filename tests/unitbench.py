@@ -43,7 +43,7 @@ class UnitBench(Elaboratable):
         self.unit = unit
         # the unit's chip's scratchpad, with as many read ports as the unit's port has
         self.scratchpad = Scratchpad(depth=SPAD_DEPTH, width=32, reads=unit.spad.signature.reads,
-                                     config=unit.config)
+                                     lanes=unit.spad.signature.lanes, config=unit.config)
 
     def elaborate(self, platform):
         m = Module()
@@ -58,11 +58,11 @@ class UnitBench(Elaboratable):
         """Backdoor: write `words` (a list of SPAD_DEPTH words, or a dict address -> word)."""
         items = words.items() if isinstance(words, dict) else enumerate(words)
         for a, w in items:
-            ctx.set(self.scratchpad.memory.data[a], w & MASK32)
+            ctx.set(self.scratchpad.row(a), w & MASK32)
 
     def dump(self, ctx):
         """Backdoor: the whole scratchpad as a list of unsigned words."""
-        return [ctx.get(self.scratchpad.memory.data[a]) for a in range(SPAD_DEPTH)]
+        return [ctx.get(self.scratchpad.row(a)) for a in range(SPAD_DEPTH)]
 
     def check_against(self, ctx, mirror, word):
         """Assert that the whole scratchpad equals `mirror`, naming the first differing word."""

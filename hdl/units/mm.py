@@ -48,7 +48,7 @@ the operands (no arithmetic between the operand register and the array's feed; d
 
 With both at 0 none of it exists (the Verilog is the same as without these parameters).
 """
-from amaranth.hdl import Cat, Module, Mux, Signal, signed
+from amaranth.hdl import Cat, Const, Module, Mux, Signal, signed
 from amaranth.lib import data
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
@@ -117,7 +117,8 @@ class MatrixUnit(SpadUnit):
     def ports(self, cfg):
         extra = {"rqc": In(1)} if cfg.mm_rq else {}
         reads = cfg.mm_load * (1 + cfg.mm_overlap)     # A's own L ports with mm_overlap (docs/mm-fast.md)
-        return {**super().ports(cfg), "spad": Out(SpadPort.of(cfg, reads=reads)), **extra}
+        # the drain's write lanes with spad_lanes (docs/spad-lanes.md; 1 otherwise)
+        return {**super().ports(cfg), "spad": Out(SpadPort.of(cfg, reads=reads, lanes=cfg.spad_lanes)), **extra}
 
     def __init__(self, *, config=BOOK):
         super().__init__(config=config)
@@ -314,6 +315,8 @@ class MatrixUnit(SpadUnit):
         """The write port's enable: high in OUT; with the piped requantizer and rq set, one cycle later
         (the cycle after each OUT cycle: the serial unit's FIN or the overlapped unit's LAST writes the
         last element)."""
+        if self.config.spad_lanes > 1:
+            return self._write_lanes(m, fsm, opr)
         out_now = fsm.ongoing("OUT")
         # with a packed C the element's enable goes to `_pack_c`, which writes only a word's last element
         we = Signal(name="we_element") if self.config.mm_pack_c else self.spad.we
@@ -352,10 +355,89 @@ class MatrixUnit(SpadUnit):
         m.d.comb += [self.spad.wdata.eq(Mux(opr.pc, word, self._element)),
                      self.spad.we.eq(we_element & (~opr.pc | ends))]
 
+    def _drain_lanes(self, m, array, mi, ni, oaddr, opr):
+        """`_drain` with ``spad_lanes`` = l > 1 (docs/spad-lanes.md): lane i carries PE(mi, ni + i)'s
+        accumulator (ni is a multiple of l, so its column is ni's high bits with i below them), each
+        lane through a Requantizer of its own on an mm_rq chip; the elements go to `_write_lanes` in
+        ``_elements``, lane 0's address to ``spad.waddr`` (the port writes lane i at waddr + i)."""
+        cfg = self.config
+        n_arr, lanes = cfg.array, cfg.spad_lanes
+        lg, lg_l = (n_arr - 1).bit_length(), lanes.bit_length() - 1
+        if self._piped:
+            oaddr_d = self.addr_signal("oaddr_d")
+            m.d.sync += oaddr_d.eq(oaddr)
+            m.d.comb += self.spad.waddr.eq(Mux(opr.rq, oaddr_d, oaddr))
+        else:
+            m.d.comb += self.spad.waddr.eq(oaddr)
+        if cfg.mm_rq:
+            regs = self.rq_regs
+            with m.If(self.rqc):
+                m.d.sync += regs.eq(operand_bits(self.ins, Op.RQC))
+        self._elements = []
+        for i in range(lanes):
+            col = Cat(Const(i, lg_l), ni[lg_l:])[:lg]
+            c_out = array.c[Cat(col, mi[:lg])] if lg else array.c[0]
+            element = Signal(32, name=f"element{i}")
+            if cfg.mm_rq:
+                rq = Requantizer(config=cfg)
+                m.submodules["requant" if i == 0 else f"requant{i}"] = rq
+                m.d.comb += [rq.acc.eq(c_out), rq.m.eq(regs.m), rq.s.eq(regs.s), rq.relu.eq(regs.relu),
+                             element.eq(Mux(opr.rq, rq.q, c_out))]      # q is signed(8): sign-extended
+            else:
+                m.d.comb += element.eq(c_out)
+            self._elements.append(element)
+
+    def _write_lanes(self, m, fsm, opr):
+        """`_write_enable` with ``spad_lanes`` = l > 1 (docs/spad-lanes.md): in each OUT cycle (a cycle later
+        with the piped requantizer and rq) lane i writes element (m, n + i) when n + i < N. With a packed C
+        (pc) the group's bytes go to bytes n % 4 .. of their word, earlier groups' bytes of the word wait in
+        ``pc_held`` (l = 2), and lane 0 writes the word whole in the cycle of its last group."""
+        cfg, lanes = self.config, self.config.spad_lanes
+        out_now = fsm.ongoing("OUT")
+        ni = self._ni
+        if self._piped:
+            we_d = Signal(name="we_d")
+            ni_d = Signal.like(ni, name="ni_d")
+            m.d.sync += [we_d.eq(out_now), ni_d.eq(ni)]
+            we_el, n_e = Mux(opr.rq, we_d, out_now), Mux(opr.rq, ni_d, ni)
+        else:
+            we_el, n_e = out_now, ni
+        valid = [1] + [Signal(name=f"lane_valid{i}") for i in range(1, lanes)]
+        m.d.comb += [valid[i].eq(n_e + i < opr.N) for i in range(1, lanes)]
+        el = self._elements
+        m.d.comb += self.spad.wdata_x.eq(Cat(*el[1:]))
+        lane_we = [we_el & valid[i] for i in range(1, lanes)]
+        if not cfg.mm_pack_c:
+            m.d.comb += [self.spad.wdata.eq(el[0]), self.spad.we.eq(we_el), self.spad.we_x.eq(Cat(*lane_we))]
+            return
+        pos = Signal(2, name="pc_first")                  # the group's first byte in its word
+        newest = self._pc_pos = Signal(2, name="pc_pos")  # its last valid byte (pc_range)
+        ends = Signal(name="pc_ends")
+        m.d.comb += [pos.eq(n_e[:2]), newest.eq(pos + sum(valid[1:])),
+                     ends.eq((pos == 4 - lanes) | (n_e + lanes >= opr.N))]
+        held = Signal(24, name="pc_held") if lanes < 4 else None
+        byte = [Mux(valid[i], el[i][:8], 0) for i in range(lanes)]
+        word = []
+        for j in range(4):
+            b = 0
+            for p in range(0, 4, lanes):
+                here = byte[j - p] if p <= j < p + lanes else (held[8 * j:8 * j + 8] if j < p else 0)
+                b = Mux(pos == p, here, b)
+                if held is not None and p <= j < p + lanes and j < 3:
+                    with m.If(we_el & (pos == p)):
+                        m.d.sync += held[8 * j:8 * j + 8].eq(el[j - p][:8])
+            word.append(b)
+        m.d.comb += [self.spad.wdata.eq(Mux(opr.pc, Cat(*word), el[0])),
+                     self.spad.we.eq(we_el & (~opr.pc | ends)),
+                     self.spad.we_x.eq(Cat(*(w & ~opr.pc for w in lane_we)))]
+
     @classmethod
     def scope_of(cls, cfg):
         """"mm"; "mm_rq" on an mm_rq chip, "mm_rq_pipe" on one with rq_pipe too; "mm_fast" on an mm_pack or
-        mm_overlap chip without mm_rq; "mm_pack_c" on an mm_pack_c chip (docs/mm-pack-c.md)."""
+        mm_overlap chip without mm_rq; "mm_pack_c" on an mm_pack_c chip (docs/mm-pack-c.md); "mm_lanes" on a chip
+        with drain lanes (``spad_lanes`` > 1, docs/spad-lanes.md)."""
+        if cfg.spad_lanes > 1:
+            return "mm_lanes"
         if cfg.mm_pack_c:
             return "mm_pack_c"
         if cfg.mm_rq:
@@ -378,6 +460,9 @@ class MatrixUnit(SpadUnit):
         mon_row = self.addr_signal("mon_row")          # dst + m*ldc, kept by adding ldc a row (no multiplier)
         # a packed C (docs/mm-pack-c.md): (m, w), the word w < ceil(N/4) of row m, at dst + m*ldc + w
         row_words = Mux(opr.pc, (opr.N + 3) >> 2, opr.N) if self.config.mm_pack_c else opr.N
+        lanes = self.config.spad_lanes
+        if lanes > 1:
+            return self._write_inside_lanes(m, opr, mon_m, mon_n, mon_row, row_words)
         with m.If(self.start & ~self.busy):
             m.d.sync += [mon_m.eq(0), mon_n.eq(0), mon_row.eq(operand(self.ins, Op.MM, "dst"))]
         with m.Elif(self.spad.we):
@@ -387,6 +472,27 @@ class MatrixUnit(SpadUnit):
                 m.d.sync += mon_n.eq(mon_n + 1)
         want = (mon_row + mon_n)[:self.config.spad_addr_bits]
         return (self.spad.waddr == want) & (mon_m < opr.M) & (mon_n < row_words)
+
+    def _write_inside_lanes(self, m, opr, mon_m, mon_n, mon_row, row_words):
+        """`write_inside` with ``spad_lanes`` = l > 1 (docs/spad-lanes.md): the monitor steps a group of l
+        elements (one word with pc) at each write; lane 0 writes at dst + m*ldc + n, and lane i, which the
+        port writes at waddr + i, only when n + i < N (never with pc). Lane i > 0 writes only with lane 0
+        (`_write_lanes`), so the write this property looks at (``spad.we``) carries every lane's."""
+        lanes = self.config.spad_lanes
+        step = Mux(opr.pc, 1, lanes) if self.config.mm_pack_c else lanes
+        with m.If(self.start & ~self.busy):
+            m.d.sync += [mon_m.eq(0), mon_n.eq(0), mon_row.eq(operand(self.ins, Op.MM, "dst"))]
+        with m.Elif(self.spad.we):
+            with m.If(mon_n + step >= row_words):
+                m.d.sync += [mon_n.eq(0), mon_m.eq(mon_m + 1), mon_row.eq(mon_row + opr.ldc)]
+            with m.Else():
+                m.d.sync += mon_n.eq(mon_n + step)
+        want = (mon_row + mon_n)[:self.config.spad_addr_bits]
+        lane_in = [(mon_n + i < opr.N) for i in range(1, lanes)]
+        if self.config.mm_pack_c:
+            lane_in = [~opr.pc & inside for inside in lane_in]        # a packed word is lane 0's only
+        lanes_in = Cat(*(~self.spad.we_x[i - 1] | inside for i, inside in enumerate(lane_in, 1))).all()
+        return (self.spad.waddr == want) & (mon_m < opr.M) & (mon_n < row_words) & lanes_in
 
     def busy_cycles(self, opr):
         """``hdl.isa.mm_busy_cycles`` of the MM latched in `opr`, as a value (the same formula, written with
@@ -403,6 +509,10 @@ class MatrixUnit(SpadUnit):
             groups_a = (M + (L - 1)) >> lg
             c = Mux(groups_a > groups_b, groups_a, groups_b)
             last = (opr.rq if cfg.mm_rq else 0) * (RQ_PIPE_CYCLES * cfg.rq_pipe)
+            if cfg.spad_lanes > 1:
+                groups = (N + (cfg.spad_lanes - 1)) >> (cfg.spad_lanes.bit_length() - 1)
+                late = 3 + N - groups
+                return (K - 1) * c + Mux(c - 1 > late, c - 1, late) + M * groups + 1 + last
             return (K - 1) * c + Mux(c > 4, c - 1, 3) + M * N + 1 + last
         return M * ((K + (L - 1)) >> lg) + K * groups_b + (K + M + N - 2) + M * N + 7
 
@@ -415,11 +525,24 @@ class MatrixUnit(SpadUnit):
                 check_write_in_busy(m, self.scope, self.spad.we, self.busy)
 
     @staticmethod
-    def _out_walk(m, opr, mi, ni, orow, oaddr, last, pc=None):
+    def _out_walk(m, opr, mi, ni, orow, oaddr, last, pc=None, lanes=1):
         """One OUT cycle: C element (mi, ni) is written at oaddr; step m-major, or `last()` after
         element (M-1, N-1). With `pc` set (a packed C, docs/mm-pack-c.md) oaddr is the word of element
-        (mi, ni), orow + ni // 4: it steps after every fourth element of a row."""
+        (mi, ni), orow + ni // 4: it steps after every fourth element of a row. With `lanes` > 1
+        (docs/spad-lanes.md) the cycle's group is elements (mi, ni) .. (mi, ni+lanes-1) below N: ni steps
+        by `lanes`, oaddr by `lanes` (packed: by one after a group ending a word)."""
         M, N, ldc = opr.M, opr.N, opr.ldc
+        if lanes > 1:
+            with m.If(ni + lanes >= N):
+                m.d.sync += ni.eq(0)
+                with m.If(mi == M - 1):
+                    last()
+                with m.Else():
+                    m.d.sync += [mi.eq(mi + 1), orow.eq(orow + ldc), oaddr.eq(orow + ldc)]
+            with m.Else():
+                step = lanes if pc is None else Mux(pc, ni[:2] == 4 - lanes, lanes)
+                m.d.sync += [ni.eq(ni + lanes), oaddr.eq(oaddr + step)]
+            return
         with m.If(ni == N - 1):
             m.d.sync += ni.eq(0)
             with m.If(mi == M - 1):
@@ -461,6 +584,8 @@ class MatrixUnit(SpadUnit):
     def _drain(self, m, array, mi, ni, oaddr, opr):
         """C's write port: PE(mi, ni)'s accumulator (requantized on an mm_rq chip when rq) to `oaddr`."""
         cfg = self.config
+        if cfg.spad_lanes > 1:
+            return self._drain_lanes(m, array, mi, ni, oaddr, opr)
         n_arr = cfg.array
         # PE(m, n)'s accumulator is c[m * n_arr + n]: the low log2(n_arr) bits of each counter.
         lg = (n_arr - 1).bit_length()
@@ -501,6 +626,10 @@ class MatrixUnit(SpadUnit):
         # the relu the word was requantized with: the registers' now, or a cycle ago through the pipeline
         relu = h.past(self.rq_regs.relu, "relu") if self._piped else self.rq_regs.relu
         in_range = (w >= Mux(relu, 0, -127)) & (w <= 127)
+        for i in range(1, self.config.spad_lanes):
+            # the other write lanes' words (docs/spad-lanes.md), written only with lane 0's
+            w_i = self.spad.wdata_x[i - 1].as_signed()
+            in_range = in_range & (~self.spad.we_x[i - 1] | ((w_i >= Mux(relu, 0, -127)) & (w_i <= 127)))
         fused = opr.rq & ~opr.pc if self.config.mm_pack_c else opr.rq
         h.check("rq_range", ~(self.spad.we & fused) | in_range, t["rq_range"],
                 covers={"a requantized write": self.spad.we & fused,
@@ -565,11 +694,18 @@ class MatrixUnit(SpadUnit):
         c_b = Signal(range(n_arr + 1), name="c_b")
         c = Signal(range(n_arr + 1), name="c_k")
         s_run = Signal(range(span + 3), name="s_run")
-        x_out = Signal(range(span + n_arr + 1), name="x_out")
+        if cfg.spad_lanes > 1:
+            # drain lanes (docs/spad-lanes.md): X0 = (K-1)*C + max(3 + N - G, C - 1), G = ceil(N/lanes)
+            late_i = Signal(range(n_arr + 4), name="late_i")
+            m.d.comb += late_i.eq(3 + N_i - ((N_i + (cfg.spad_lanes - 1)) >> (cfg.spad_lanes.bit_length() - 1)))
+            first_i, slack = Mux(c_i - 1 > late_i, c_i - 1, late_i), 3
+        else:
+            first_i, slack = Mux(c_i > 4, c_i - 1, 3), 0
+        x_out = Signal(range(span + n_arr + 1 + slack), name="x_out")
         sched = [c_a.eq(c_a_i), c_b.eq(c_b_i), c.eq(c_i), s_run.eq(prod - km1 + 2),
-                 x_out.eq(prod + Mux(c_i > 4, c_i - 1, 3))]
+                 x_out.eq(prod + first_i)]
         # x runs to the last write, X0 + M*N - 1; t = x - S, as wide (no wrap back into 0..K+M+N-3)
-        x = Signal(range(span + n_arr + n_arr * n_arr + 2), name="x")
+        x = Signal(range(span + n_arr + n_arr * n_arr + 2 + slack), name="x")
         t = Signal.like(x, name="t")
         m.d.comb += t.eq(x - s_run)
 
@@ -645,7 +781,7 @@ class MatrixUnit(SpadUnit):
 
             with m.State("OUT"):
                 self._out_walk(m, opr, mi, ni, orow, oaddr, lambda: self._finish_out(m, opr),
-                               pc=opr.pc if cfg.mm_pack_c else None)
+                               pc=opr.pc if cfg.mm_pack_c else None, lanes=cfg.spad_lanes)
 
             if self._piped:
                 with m.State("LAST"):

@@ -44,8 +44,8 @@ class _Rig:
         # the memory rows, built once: indexing a MemoryData makes a new object every time
         self.rom_rows = [self.harness.rom.data[i] for i in range(self.harness.rom.depth)]
         self.ext_rows = [self.harness.ext.data[i] for i in range(ext_words)]
-        spad = self.harness.chip.scratchpad.memory
-        self.spad_rows = [spad.data[i] for i in range(spad.depth)]
+        spad = self.harness.chip.scratchpad
+        self.spad_rows = [spad.row(i) for i in range(spad.depth)]
 
     async def _bench(self, ctx):
         job = self.job
