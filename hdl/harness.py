@@ -77,9 +77,10 @@ class ChipHarness(wiring.Component):
     config : hdl.config.ChipConfig
         The chip to build (keyword only; the book's chip by default).
     chip_lat : int, optional
-        Only with ``config.gather``: the LAT the chip is built for (keyword only; default `lat`, the
-        memory's). A different one makes the memory slower or faster than the chip's error tail
-        assumes (``hdl.isa.resident_busy_cycles`` with ``built_lat``): for tests.
+        The LAT the chip is built for (keyword only; default `lat`, the memory's). A different one makes
+        the memory slower or faster than a resident-mode chip's error tail assumes
+        (``hdl.isa.resident_busy_cycles`` with ``built_lat``), and than the exact completion of LD and
+        GATHER speaks of (a check of `hdl.properties.checks`): for tests.
 
     Ports
     -----
@@ -124,12 +125,10 @@ class ChipHarness(wiring.Component):
             raise ValueError(f"rom_words = {rom_words}: the backdoor ROM address has 8 bits "
                              f"(at most {BOOK.rom_words})")
         self.config = config
-        # A resident-mode chip times its error stop by config.lat, so it is built for the memory's LAT
-        # (unless a test asks for another: `chip_lat`).
-        if config.gather:
-            self.chip = GA2(config=replace(config, lat=lat if chip_lat is None else chip_lat))
-        else:
-            self.chip = GA2(config=config)
+        # The chip is built for the memory's LAT (unless a test asks for another: `chip_lat`): a resident-mode
+        # chip times its error stop by config.lat, and LD's and GATHER's exact completion (a check of
+        # hdl.properties.checks) speaks of a memory answering in config.lat; nothing else depends on it.
+        self.chip = GA2(config=replace(config, lat=lat if chip_lat is None else chip_lat))
         self.backdoor = bool(backdoor)
         self.extmem = ExtMemory(ext_words, lat, backdoor=self.backdoor, config=config)
         self.ext = self.extmem.memory

@@ -1,10 +1,11 @@
 """Exact completion, the write regions and the WAIT bound (issue 24): the timing contract, and where the
 units write, as properties.
 
-* every unit whose busy time is the instruction's (ST, MM, RQ, SM, VADD, AMAX, UNPACK) asserts that its done
-  comes exactly ``hdl.isa.busy_cycles`` after the start edge (``exact_completion``); every simulation of the
-  tests and of the Amaranth backend evaluates it, and ``sim.formal`` checks it bounded from reset (the jobs
-  that end within a target's depth);
+* every unit asserts that its done comes exactly ``hdl.isa.busy_cycles`` after the start edge
+  (``exact_completion``): LD and GATHER when the memory answered in ``config.lat`` cycles
+  (`hdl.units.ld.memory_on_time`), GATHER and SCATTER at an error stop too (``hdl.isa.resident_busy_cycles``);
+  every simulation of the tests and of the Amaranth backend evaluates it, and ``sim.formal`` checks it
+  bounded from reset (the jobs that end within a target's depth);
 * every unit that writes the scratchpad asserts that each write lies in its instruction's destination region
   (``write_region``: MM's dst + m*ldc + n in m-major order, the vector units' [dst, dst + words), GATHER's
   [spad, spad + words));
@@ -86,3 +87,44 @@ def test_write_region_holds_bounded_and_fails_on_a_unit_writing_past_dst():
     assert formal.prove(target, ["write_region"], 10, TOOLS, mode="bmc")[0] == "bounded"
     broken = _variant(amax, "self.spad.waddr.eq(dst),", "self.spad.waddr.eq(dst + 1),")
     assert formal.prove(target, ["write_region"], 10, TOOLS, build=broken.ArgmaxUnit, mode="bmc")[0] == "FAIL"
+
+
+def _late(module, old, new):
+    """A variant of `module` whose unit finishes one cycle late in some job (`_variant`)."""
+    return _variant(module, old, new)
+
+
+@pytest.mark.timeout(300)
+def test_exact_completion_of_ld_gather_scatter_bounded_and_failing_one_cycle_late():
+    """LD (built for LAT 2; a job ends within 12 cycles), GATHER (an empty range or an error stop: the STOP
+    tail one cycle longer) and SCATTER (a normal end one cycle late, after the last word's write): bounded
+    from reset, and a counterexample for each variant."""
+    from dataclasses import replace
+
+    import hdl.units.gather as gather
+    import hdl.units.ld as ld
+    import hdl.units.scatter as scatter
+    from hdl.config import BOOK
+    lat2 = replace(BOOK, lat=2)
+    late_ld = _late(ld, """                    with m.If(count.is_nth(len_r)):
+                        m.d.sync += self.done.eq(1)
+                        m.next = "IDLE"
+""", """                    with m.If(count.is_nth(len_r)):
+                        m.next = "LAST"
+            with m.State("LAST"):
+                m.d.sync += self.done.eq(1)
+                m.next = "IDLE"
+""")
+    late_stop = _late(gather, "with m.If((tail <= 1) & answered):", "with m.If((tail == 0) & answered):")
+    late_end = _late(scatter, """            # ST's end: the last word is written this cycle (END) or nothing is left (STOP)
+            self.finish(m)""", """            with m.If(~v):                      # END: a cycle after the last word's write
+                self.finish(m)""")
+    resident = next(cfg for cfg in formal.UNIT_CHIPS if cfg.gather)     # the chip of their targets
+    cases = (("ld", lambda: ld.DMA(config=lat2), lambda: late_ld.DMA(config=lat2)),
+             ("gather", None, lambda: late_stop.GatherUnit(config=resident)),
+             ("scatter", None, lambda: late_end.ScatterUnit(config=resident)))
+    for name, good, late in cases:
+        target = TARGETS[name]
+        assert "exact_completion" in target.properties and "exact_completion" not in target.induct
+        assert formal.prove(target, ["exact_completion"], 10, TOOLS, build=good, mode="bmc")[0] == "bounded", name
+        assert formal.prove(target, ["exact_completion"], 10, TOOLS, build=late, mode="bmc")[0] == "FAIL", name

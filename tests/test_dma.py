@@ -5,17 +5,18 @@ The external memory is modelled in the testbench exactly as spec 6.3 describes i
 (valid, data); a request in cycle c is answered with mem[addr] (0xDEADBEEF past the end) in cycle c+LAT.
 """
 import random
+from dataclasses import replace
 
 import pytest
 
-from hdl.config import ChipConfig
+from hdl.config import BOOK, ChipConfig
 from hdl.units.ld import DMA
 from tests.simutil import built, run
 
 
 def transfer(jobs, lat, ext, aw=12, xw=16, stray_start=False):
     """Run each (dst, src, length) from idle; return per job the cycle log {W index: (req, write, done, busy)}."""
-    dut = DMA(aw, xw)
+    dut = DMA(aw, xw, config=replace(BOOK, lat=lat))     # built for its memory: exact_completion speaks
     logs = []
 
     async def bench(ctx):

@@ -12,7 +12,7 @@ scratchpad through one member, ``spad`` (`hdl.scratchpad.SpadPort`); the chip ro
 """
 from contextlib import contextmanager
 
-from amaranth.hdl import Cat, Signal
+from amaranth.hdl import Cat, Signal, Value
 from amaranth.lib import data, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -29,7 +29,9 @@ __all__ = ["Scoped", "Unit", "SpadUnit", "operand", "operand_layout", "operand_b
 # simulation evaluates it (a check of `hdl.properties.checks`: not in the emitted Verilog).
 COMPLETION_PROPERTIES = {
     "exact_completion": "done comes exactly hdl.isa.busy_cycles(ins, cfg) cycles after the start edge, for the "
-                        "instruction latched at it when the chip runs it (hdl.isa.issue_limits)",
+                        "instruction latched at it when the chip runs it (hdl.isa.issue_limits); LD's and "
+                        "GATHER's with the memory answering in config.lat cycles, GATHER's and SCATTER's "
+                        "error stop's too (hdl.isa.resident_busy_cycles)",
 }
 # Where a unit writes (issue 24): every scratchpad write of a unit lies in the destination region of the
 # instruction it runs (checked as `COMPLETION_PROPERTIES`: a check of `hdl.properties.checks`, bounded in
@@ -46,19 +48,22 @@ COMPLETION_BITS = 20
 
 def linear_busy(op, cfg):
     """(a, b) with ``hdl.isa.busy_cycles`` of an instruction of `op` and length n equal to a*n + b on the chip
-    `cfg` (the units whose busy time is linear in their length: ST, RQ, SM, VADD, AMAX, UNPACK), taken from
+    `cfg` (the units whose busy time is linear in their length: LD with ``cfg.lat``, ST, RQ, SM, VADD, AMAX,
+    UNPACK), taken from
     the cycle model itself, the one definition; a model that is not linear raises ValueError."""
     hi, lo = HW_OPERANDS[op]["len"]
-    times = [busy_cycles((int(op) << 124) | (n << lo), cfg=cfg) for n in (0, 1, 2, 1000)]
+    # LD's time has the memory's LAT in it: the one the chip is built for
+    times = [busy_cycles((int(op) << 124) | (n << lo), cfg.lat, cfg=cfg) for n in (0, 1, 2, 1000)]
     a, b = times[1] - times[0], times[0]
     if any(t != a * n + b for n, t in zip((0, 1, 2, 1000), times)):
         raise ValueError(f"the busy time of {Op(op).name} on {cfg.spec()} is not linear in its length")
     return a, b
 
 
-def completion_counter(m, start, busy):
-    """The cycles since a start edge: 1 in W1, k in Wk (and in the done cycle W_B, B), counted while busy."""
-    waited = Signal(COMPLETION_BITS, name="waited")
+def completion_counter(m, start, busy, width=COMPLETION_BITS):
+    """The cycles since a start edge: 1 in W1, k in Wk (and in the done cycle W_B, B), counted while busy
+    (`width` bits)."""
+    waited = Signal(width, name="waited")
     with m.If(start & ~busy):
         m.d.sync += waited.eq(1)
     with m.Elif(busy):
@@ -94,9 +99,12 @@ class Scoped:
     """
 
     OP: Op = None
-    # The busy time is the instruction's (`busy_cycles`), whatever the data and the memory: the unit
-    # asserts `COMPLETION_PROPERTIES`. False for a unit whose time depends on what it reads (GATHER, SCATTER).
+    # The unit asserts `COMPLETION_PROPERTIES`: its busy time is the instruction's (`busy_cycles`), for LD
+    # and GATHER with the memory's latency the chip is built for (``config.lat``), and GATHER's and
+    # SCATTER's also the table's (where an error stops them). Every unit so far.
     TIMED = True
+    # Bits of the cycle count the exact completion compares (`completion_counter`).
+    COMPLETION_WIDTH = COMPLETION_BITS
 
     @classmethod
     def scope_of(cls, cfg):
@@ -258,13 +266,22 @@ class Unit(Scoped, wiring.Component):
         legal = Cat(*(getattr(opr, name) >= least for name, (least, _) in limits),
                     *(getattr(opr, name) <= most for name, (_, most) in limits)).all()
         if self.TIMED:
-            waited = completion_counter(m, self.start, self.busy)
-            History(m, self.scope).check("exact_completion", ~self.done | ~legal | (waited == self.busy_cycles(opr)),
-                                         COMPLETION_PROPERTIES["exact_completion"], covers={"done": self.done})
+            waited = completion_counter(m, self.start, self.busy, self.COMPLETION_WIDTH)
+            applies, cycles = self.completion(m, opr)
+            applies = Value.cast(applies)       # a 1-bit value (~ of the Python int 1 would be -2: all ones)
+            History(m, self.scope).check("exact_completion", ~self.done | ~legal | ~applies | (waited == cycles),
+                                         COMPLETION_PROPERTIES["exact_completion"],
+                                         covers={"done": self.done & applies})
         if self.WRITES:
             write = self.spad.we & self.write_counts(opr)
             History(m, self.scope).check("write_region", ~write | ~legal | self.write_inside(m, opr),
                                          WRITE_PROPERTIES["write_region"], covers={"a write": write})
+
+    def completion(self, m, opr):
+        """(applies, cycles) of the exact completion: the busy time of the instruction in `opr` as a value
+        (`busy_cycles`), and when the property speaks (always, but for a unit that reads the external
+        memory: when it answered on time). Monitors it needs are added to `m`."""
+        return 1, self.busy_cycles(opr)
 
     def write_counts(self, opr):
         """Whether a write this cycle is one of the instruction's (1; GATHER: a response to its requests)."""

@@ -28,7 +28,7 @@ builds the chip with its memory's LAT, so the cycle model there is the formula a
 """
 import types
 
-from amaranth.hdl import Const, Module, Signal
+from amaranth.hdl import Const, Module, Mux, Signal
 from amaranth.lib import enum
 from amaranth.lib.wiring import In, Out
 
@@ -37,7 +37,7 @@ from hdl.isa import Op
 from hdl.properties import History
 
 from .base import SpadUnit, operand
-from .ld import ReadCount
+from .ld import ReadCount, memory_on_time
 
 __all__ = ["GatherUnit", "ErrorKind", "TableWalk", "Isolated", "error_ports", "ROW_BITS", "ROW_WORD_BITS",
            "ISOLATION_PROPERTIES"]
@@ -216,17 +216,65 @@ class TableWalk:
                 ISOLATION_PROPERTIES["walk"], covers={"MOVE": self.fsm.ongoing("MOVE")})
 
 
-class Isolated:
-    """A unit that walks a block table (GATHER, SCATTER): its properties are the unit contract and
-    `ISOLATION_PROPERTIES` (mixed in before the unit's base class). Its busy time depends on the table it
-    reads (an error stop ends it early), so it asserts no exact completion: tests/test_unit_gather.py and
-    tests/test_unit_scatter.py check its timeline cycle by cycle against docs/resident.md."""
+def resident_linear(op, lat, error):
+    """(per_run, per_word, tail) with ``hdl.isa.resident_busy_cycles`` of a GATHER or SCATTER (`op`) that
+    looked up `runs` entries and moved `words` words equal to per_run*runs + per_word*words + tail, with a
+    memory of latency `lat` on a chip built for it, at a normal end or an error stop (`error`): taken from
+    the cycle model itself, the one definition; a model that is not linear raises ValueError."""
+    def time(runs, words):
+        return isa.resident_busy_cycles(op, runs, words, lat, error=error, built_lat=lat)
+    tail = time(0, 0)
+    per_run, per_word = time(1, 0) - tail, time(0, 1) - tail
+    if any(time(r, w) != per_run * r + per_word * w + tail for r, w in ((1, 1), (3, 70), (255, 1000))):
+        raise ValueError(f"the busy time of {Op(op).name} is not linear in its runs and words")
+    return per_run, per_word, tail
 
-    TIMED = False
+
+class Isolated:
+    """A unit that walks a block table (GATHER, SCATTER): its properties are the unit contract,
+    `ISOLATION_PROPERTIES` and the exact completion (mixed in before the unit's base class). Its busy time
+    depends on the table it reads (an error stop ends it early) and GATHER's on the memory: the exact
+    completion (`completion`) holds at a normal end and at an error stop, GATHER's with a memory answering
+    in ``config.lat`` cycles. tests/test_unit_gather.py and tests/test_unit_scatter.py check the timeline
+    cycle by cycle against docs/resident.md."""
+
+    # 255 rows of 2**15 words, two lookup cycles a run and LD's tail (LAT up to 1024) fit in 24 bits
+    COMPLETION_WIDTH = 24
 
     @classmethod
     def properties_of(cls, cfg):
         return {**super().properties_of(cfg), **ISOLATION_PROPERTIES}
+
+    def external_access(self):
+        """The cycles that move a word: GATHER's read requests, SCATTER's external writes."""
+        raise NotImplementedError
+
+    def completion(self, m, opr):
+        """``hdl.isa.resident_busy_cycles`` of the instruction in `opr`: at a normal end (``error`` low with
+        done) the runs and words of rows [lo, hi) (none for an empty range); at an error stop the runs of the
+        rows moved before it, plus the failing one, and those words. The words moved are the monitor's own
+        count of the unit's external accesses (`external_access`). GATHER's applies when the memory answered
+        on time (`hdl.units.ld.memory_on_time`)."""
+        lo, hi, p = opr.lo, opr.hi, opr.page_log2
+        moved = Signal(self.COMPLETION_WIDTH, name="moved")
+        with m.If(self.start & ~self.busy):
+            m.d.sync += moved.eq(0)
+        with m.Elif(self.busy & self.external_access()):
+            m.d.sync += moved.eq(moved + 1)
+
+        def runs(end):
+            """Table entries (pages) that rows [lo, end) lie in."""
+            return Mux(end > lo, ((end - 1) >> p) - (lo >> p) + 1, 0)
+
+        words = Mux(hi > lo, (hi - lo) << opr.row_log2, 0)
+        cycles = {}
+        for error, n_runs, n_words in ((0, runs(hi), words), (1, runs(lo + (moved >> opr.row_log2)) + 1, moved)):
+            per_run, per_word, tail = resident_linear(self.OP, self.config.lat, bool(error))
+            cycles[error] = per_run * n_runs + per_word * n_words + tail
+        applies = 1
+        if self.OP == Op.GATHER:
+            applies = memory_on_time(m, self.start, self.busy, self.req_valid, self.resp_valid, self.config.lat)
+        return applies, Mux(self.error, cycles[1], cycles[0])
 
 
 class GatherUnit(Isolated, SpadUnit):
@@ -256,6 +304,9 @@ class GatherUnit(Isolated, SpadUnit):
     """
 
     OP = Op.GATHER
+
+    def external_access(self):
+        return self.req_valid
 
     def write_counts(self, opr):
         """A write is one of the instruction's when it is the response to one of its requests: some are

@@ -11,12 +11,34 @@ from amaranth.lib.wiring import In, Out
 from hdl._checks import check_int
 from hdl.config import BOOK
 from hdl.isa import Op
-from hdl.properties import unit_protocol
+from hdl.properties import History, checking, unit_protocol
 from hdl.scratchpad import SpadPort
 
-from .base import Scoped
+from .base import COMPLETION_PROPERTIES, Scoped, completion_counter, linear_busy
 
-__all__ = ["DMA", "ReadCount"]
+__all__ = ["DMA", "ReadCount", "memory_on_time"]
+
+
+def memory_on_time(m, start, busy, req_valid, resp_valid, lat):
+    """Whether the external memory has answered a unit's reads as the chip is built for, since its start
+    edge: a response exactly `lat` (``config.lat``) cycles after each request, none otherwise (hardware spec
+    6.3). A monitor for the exact completion of LD and GATHER, whose time is the memory's as much as the
+    instruction's: their `COMPLETION_PROPERTIES` hold for a memory of that latency (the harness's and
+    ``sim.formal``'s ChipEnv on a chip built for its LAT), and say nothing of another.
+
+    The returned register is high in a cycle when no request of the unit was in flight at the start edge
+    (an earlier job's, answered early, would answer this one's) and every busy cycle before it since then
+    had ``resp_valid`` equal to ``req_valid`` of `lat` cycles before (the done cycle, when the check is
+    made, follows the last response)."""
+    sent = Signal(lat, name="sent")             # sent[k]: req_valid k + 1 cycles ago
+    m.d.sync += sent.eq(Cat(req_valid, sent[:-1]))
+    on_time = Signal(name="on_time")
+    with m.If(start & ~busy):
+        # the bits that reach sent[-1] after this edge: requests still to be answered
+        m.d.sync += on_time.eq(sent[:-1] == 0)
+    with m.Elif(busy & (resp_valid != sent[-1])):
+        m.d.sync += on_time.eq(0)
+    return on_time
 
 
 class ReadCount:
@@ -118,9 +140,9 @@ class DMA(Scoped, wiring.Component):
     """
 
     OP = Op.LD
-    # its busy time, len + LAT + 1, is the memory's as much as the instruction's: no exact-completion
-    # Assert (a unit target's responses are free); tests/test_dma.py checks it against a fixed-latency memory
-    TIMED = False
+    # its busy time, len + LAT + 1, is the memory's as much as the instruction's: the exact completion is
+    # asserted for a memory answering in config.lat (`memory_on_time`; a unit target's responses are free,
+    # so that is the property's antecedent there); tests/test_dma.py checks the timeline cycle by cycle
     READS = False
     WRITES = True
 
@@ -186,4 +208,18 @@ class DMA(Scoped, wiring.Component):
                         m.next = "IDLE"
         m.d.comb += self.busy.eq(~fsm.ongoing("IDLE"))
         unit_protocol(m, self.scope, self.start, self.busy, self.done, Cat(src_r, dst_r, len_r))
+        if checking():
+            self.check_completion(m, len_r)
         return m
+
+    def check_completion(self, m, n):
+        """`COMPLETION_PROPERTIES` for the transfer of `n` words latched at the start edge (a length of at
+        least 1: the chip runs no other, and 0 never finishes), when the memory answered on time
+        (`memory_on_time`): done exactly ``hdl.isa.busy_cycles`` (n + LAT + 1, LAT = ``config.lat``) cycles
+        after the start edge."""
+        waited = completion_counter(m, self.start, self.busy)
+        on_time = memory_on_time(m, self.start, self.busy, self.req_valid, self.resp_valid, self.config.lat)
+        a, b = linear_busy(self.OP, self.config)
+        History(m, self.scope).check("exact_completion", ~self.done | (n == 0) | ~on_time | (waited == a * n + b),
+                                     COMPLETION_PROPERTIES["exact_completion"],
+                                     covers={"done after a memory on time": self.done & on_time})

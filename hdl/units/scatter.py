@@ -34,6 +34,9 @@ class ScatterUnit(Isolated, StoreUnit):
 
     OP = Op.SCATTER
 
+    def external_access(self):
+        return self.wr_valid
+
     def ports(self, cfg):
         return {**super().ports(cfg), **error_ports(cfg)}
 
