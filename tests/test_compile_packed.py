@@ -19,8 +19,8 @@ from hdl.config import parse_chip
 from host import tiny_lm as T
 from host.batch import batch_program, universal_ranges
 from host.calibrate import calibrate
-from host.engine import Engine, Request
 from sim.backends.reference import ReferenceMachine
+from tests.servingutil import serve_on_chips
 
 M = T.make_model("structured", 1)
 MR = T.make_model("random", 2)
@@ -145,17 +145,8 @@ def test_batched_programs_give_the_same_words_for_fewer_cycles(ctxs):
 
 
 def test_resident_serving_gives_the_same_requests_for_fewer_cycles():
-    kw = dict(max_batch=4, window=4, sinks=1, page=2, n_pages=12)
-    prompt = [3, 1, 4, 1, 5, 9, 2, 6]
-    reqs = [Request(0, [7, 1, 4, 4, 2], 4, 0), Request(1, [7, 1, 4, 4, 2, 9], 3, 0), Request(2, [2, 2], 5, 1),
-            Request(3, [9], 3, 2), Request(4, prompt, 3, 3), Request(5, prompt[:5] + [0], 2, 6)]
-    engines = {cfg.mm_pack: Engine(M, ReferenceMachine(config=cfg), config=cfg, mode="resident", **kw)
-               for cfg in (PLAIN, PACKED)}
-    res = {k: e.run(reqs) for k, e in engines.items()}
-    keys = ("tokens", "logits_int", "preempted", "prefix_hit_rows")
-    assert [[r[k] for k in keys] for r in res[1]["requests"]] == [[r[k] for k in keys] for r in res[0]["requests"]]
-    assert all(r["tokens"] for r in res[1]["requests"])
-    assert res[1]["total_cycles"] < res[0]["total_cycles"]
+    plain, packed = serve_on_chips(M, PLAIN, PACKED)
+    assert packed < plain
 
 
 def test_the_resident_layout_and_load_program_keep_the_weights_packed():
