@@ -47,6 +47,12 @@ C, S, X0 and the group counts are computed from the instruction register's field
 the operands (no arithmetic between the operand register and the array's feed; docs/rq-pipe.md).
 
 With both at 0 none of it exists (the Verilog is the same as without these parameters).
+
+Packed K/V rows (``config.mm_pack_c``, on an overlapped fused chip only; docs/mm-pack-c.md): tb with pb reads
+B's element (k, n) as byte k % 4 of word ``B + n*ldb + k // 4`` with tb's reads (the next k's base moves on
+after every fourth k); an MM with pc writes C's int8 results four a word, element (m, n) as byte n % 4 of
+word ``dst + m*ldc + n // 4``: the drain's order and cycles are as before, bytes 0..2 wait in ``pc_held``
+and each word is written whole (zeros past N) in the cycle of its last element, so B does not change.
 """
 from amaranth.hdl import Cat, Const, Module, Mux, Signal, signed
 from amaranth.lib import data
