@@ -206,6 +206,11 @@ class BoardCore(wiring.Component):
     busy:    Out(1)
 
     def __init__(self, config=BOOK, clk_hz=DEFAULT_CLK_HZ, baud=DEFAULT_BAUD, *, sync=None):
+        if config.spad_lanes > 1:
+            # the scratchpad's dirty map marks one write a cycle; the MM drain's lanes write up to
+            # spad_lanes words (docs/spad-lanes.md): a board would read back stale words
+            raise ValueError(f"the board does not support spad_lanes = {config.spad_lanes} (its scratchpad dirty "
+                             f"map marks one write a cycle): build it with spad_lanes=1")
         self.config = config
         self.engine = LinkEngine(config, clk_hz, baud)
         self.chip = GA2(config=config, host_port=True)
