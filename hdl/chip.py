@@ -47,7 +47,7 @@ from .units.unpack import UnpackUnit
 from .units.vadd import VaddUnit
 
 __all__ = ["GA2", "SeqState", "PortOwner", "CUR_NONE", "CHIP_PROPERTIES", "RESIDENT_CHIP_PROPERTIES",
-           "PREFETCH_CHIP_PROPERTIES", "ILLEGAL_COUNTER"]
+           "PREFETCH_CHIP_PROPERTIES", "CHIP_INVARIANTS", "RESIDENT_CHIP_INVARIANTS", "ILLEGAL_COUNTER"]
 
 CUR_NONE = 15       # `cur` when no unit owns the scratchpad
 # The counter of a WAIT cycle whose `cur` names no unit of this chip (an illegal opcode, spec 2.2); every
@@ -61,6 +61,23 @@ CHIP_PROPERTIES = {
     "counters": "outside IDLE, total = 2*n_inst + mm + dma + vec + (0 FETCH, 1 ISSUE, 2 WAIT/HALT) mod 2^counter_bits",
     "state_legal": "the sequencer state is one of IDLE, FETCH, ISSUE, WAIT, HALT",
     "halt_stays": "once in HALT, the sequencer stays there with halted high until a reset",
+}
+
+
+# The chip's invariant behind owner_writes and halt_quiet (issue 24), a check of hdl.properties.checks (every
+# simulation evaluates it; not in the emitted Verilog): a unit works only in a WAIT cycle of its own, so that
+# a unit's write (`hdl.units.base.WRITE_BUSY_PROPERTIES`: only while busy) is the owner's. sim.verify.formal
+# proves it by induction with them: it is what makes owner_writes inductive.
+CHIP_INVARIANTS = {
+    "owner_busy": "a busy unit, and a unit whose done is high, is the one cur names, in a WAIT cycle (a done "
+                  "only with busy low)",
+}
+# A generated chip's (the error state's) invariant behind its counters' relation, as CHIP_INVARIANTS.
+RESIDENT_CHIP_INVARIANTS = {
+    "error_stops": "with error high the sequencer is in FETCH, ISSUE or HALT, in FETCH and ISSUE with kind ROW "
+                   "or PAGE: an error stop leaves WAIT for good (the word after a failed GATHER/SCATTER, whose "
+                   "report is ROW or PAGE, is issued as a HALT, a word stopped at issue is one) and only rst "
+                   "clears it",
 }
 
 
@@ -508,6 +525,8 @@ class GA2(wiring.Component):
                 m.d.sync += issue.eq(self.imem_data)
 
         self._check_properties(m, ins, sp.port, every)
+        # for the chip's formal harness (sim.verify.formal.ChipEnv: the LD engine's operands against `ins`)
+        self._ins, self._every = ins, every
         return m
 
     def _check_wait_bounded(self, m, h, ins, every):
@@ -633,7 +652,33 @@ class GA2(wiring.Component):
 
         if self.config.generated and checking():
             self._check_wait_bounded(m, h, ins, every)
+        if checking():
+            # owner_busy: a unit leaves IDLE only at a start, which is an issue (cur set to its opcode, WAIT
+            # entered) and cur leaves it only with the owner's done, which comes with busy low
+            for op, u in every.items():
+                mine = (st == SeqState.WAIT) & (cur == op)
+                h.check("owner_busy", ~u.busy | mine, CHIP_INVARIANTS["owner_busy"],
+                        covers={f"{op.name} busy": u.busy})
+                h.check("owner_busy", ~u.done | (mine & ~u.busy), CHIP_INVARIANTS["owner_busy"])
+            if self.config.generated:
+                # error_stops: with it the counters' 2*error (a prefetch gather chip's) is inductive
+                text = RESIDENT_CHIP_INVARIANTS["error_stops"]
+                table_kind = self.error_kind.as_value() <= ErrorKind.PAGE.value
+                refetch = (st == SeqState.FETCH) | (st == SeqState.ISSUE)
+                h.check("error_stops", ~self.error | (refetch & table_kind) | (st == SeqState.HALT), text,
+                        covers={"an error stop": self.error})
+                h.check("error_stops", ~self.error | (self.error_kind != ErrorKind.NONE), text)
+                for op in (Op.GATHER, Op.SCATTER):
+                    if op in every:
+                        # the unit's report, taken with its done: a bad table's kind
+                        u = every[op]
+                        h.check("error_stops", ~u.error | (u.error_kind == ErrorKind.ROW) |
+                                (u.error_kind == ErrorKind.PAGE), text)
 
         was_halt = h.past(st == SeqState.HALT, "halt")
         h.check("halt_stays", ~(h.valid & was_halt) | ((st == SeqState.HALT) & self.halted),
                 t["halt_stays"], covers={"the cycle after HALT": was_halt})
+        if checking():
+            # halted is high in every HALT cycle (the edge into HALT sets it, only IDLE's start clears it): with
+            # it halt_stays is inductive at sim.verify.formal's small k
+            h.check("halt_stays", (st != SeqState.HALT) | self.halted, t["halt_stays"])

@@ -22,7 +22,7 @@ from hdl.properties import UNIT_PROPERTIES, History, checking, unit_protocol
 from hdl.scratchpad import SpadPort
 
 __all__ = ["Scoped", "Unit", "SpadUnit", "operand", "operand_layout", "operand_bits", "COMPLETION_PROPERTIES",
-           "WRITE_PROPERTIES", "linear_busy", "completion_counter"]
+           "WRITE_PROPERTIES", "WRITE_BUSY_PROPERTIES", "linear_busy", "completion_counter"]
 
 # The timing contract as a property (issue 24): a unit's done comes exactly the instruction's busy time after
 # the start edge. sim.verify.formal checks it bounded (a job that ends within the target's depth); every
@@ -41,6 +41,15 @@ WRITE_PROPERTIES = {
                     "modulo the depth (RQ, SM, VADD: len words; UNPACK 8*len; AMAX 1), MM's dst + m*ldc + n in "
                     "m-major order, GATHER's [spad, spad + words) for a response to one of its requests; for an "
                     "instruction the chip runs (hdl.isa.issue_limits)",
+}
+# A unit writes only while it works (issue 24): the unit's half of the chip's owner_writes proof by induction
+# (a busy unit is the one `cur` names: hdl.chip.CHIP_INVARIANTS). Every unit that writes the scratchpad from its
+# own state asserts it (a check of `hdl.properties.checks`; proved by induction on the unit's target and kept
+# as a strengthening in the chip's); not LD and GATHER, whose write is a memory response (their writes are
+# tied to their requests at chip level, sim.verify.formal.IN_FLIGHT_PROPERTIES). RQ and MM with the piped
+# requantizer carry the same property outside checks() (hdl.units.rq.RQ_PIPE_PROPERTIES).
+WRITE_BUSY_PROPERTIES = {
+    "write_in_busy": "the scratchpad is written only in a busy cycle",
 }
 # Bits of the cycle count since the start: a VADD of 65,535 elements on one port takes 131,072.
 COMPLETION_BITS = 20
@@ -99,6 +108,9 @@ class Scoped:
     """
 
     OP: Op = None
+    # The unit's scratchpad write is a memory response arriving (LD, GATHER), not a step of its own state: no
+    # `WRITE_BUSY_PROPERTIES` at unit level (a free environment answers whenever it likes).
+    RESPONSE_WRITES = False
     # The unit asserts `COMPLETION_PROPERTIES`: its busy time is the instruction's (`busy_cycles`), for LD
     # and GATHER with the memory's latency the chip is built for (``config.lat``), and GATHER's and
     # SCATTER's also the table's (where an error stops them). Every unit so far.
@@ -116,8 +128,10 @@ class Scoped:
         """The properties (name -> statement) this unit has on the chip `cfg`: the unit contract
         (`hdl.properties.UNIT_PROPERTIES`), `COMPLETION_PROPERTIES` when `TIMED` and, in a subclass, its
         own."""
+        writes = getattr(cls, "WRITES", False)
         return {**UNIT_PROPERTIES, **(COMPLETION_PROPERTIES if cls.TIMED else {}),
-                **(WRITE_PROPERTIES if getattr(cls, "WRITES", False) and cls.OP != Op.LD else {})}
+                **(WRITE_PROPERTIES if writes and cls.OP != Op.LD else {}),
+                **(WRITE_BUSY_PROPERTIES if writes and not cls.RESPONSE_WRITES else {})}
 
     @property
     def scope(self):
@@ -272,6 +286,12 @@ class Unit(Scoped, wiring.Component):
             History(m, self.scope).check("exact_completion", ~self.done | ~legal | ~applies | (waited == cycles),
                                          COMPLETION_PROPERTIES["exact_completion"],
                                          covers={"done": self.done & applies})
+        # write_in_busy, unless the unit asserts it outside checks() already (its properties_of then carries
+        # that statement: RQ_PIPE_PROPERTIES')
+        statement = self.properties_of(self.config).get("write_in_busy")
+        if statement is WRITE_BUSY_PROPERTIES["write_in_busy"]:
+            History(m, self.scope).check("write_in_busy", ~self.spad.we | self.busy, statement,
+                                         covers={"a write": self.spad.we})
         if self.WRITES:
             write = self.spad.we & self.write_counts(opr)
             History(m, self.scope).check("write_region", ~write | ~legal | self.write_inside(m, opr),

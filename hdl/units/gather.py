@@ -307,6 +307,8 @@ class GatherUnit(Isolated, SpadUnit):
 
     def external_access(self):
         return self.req_valid
+    # its write is a response arriving (LD's ReadCount): tied to its requests at chip level, not here
+    RESPONSE_WRITES = True
 
     def write_counts(self, opr):
         """A write is one of the instruction's when it is the response to one of its requests: some are

@@ -145,6 +145,9 @@ class DMA(Scoped, wiring.Component):
     # so that is the property's antecedent there); tests/test_dma.py checks the timeline cycle by cycle
     READS = False
     WRITES = True
+    # its write is the response arriving (`ReadCount.write_side`): tied to its requests at chip level
+    # (sim.verify.formal.IN_FLIGHT_PROPERTIES), as the formal view of it needs the memory
+    RESPONSE_WRITES = True
 
     def __init__(self, aw=None, xw=None, *, config=BOOK):
         self.config = config
@@ -208,6 +211,8 @@ class DMA(Scoped, wiring.Component):
                         m.next = "IDLE"
         m.d.comb += self.busy.eq(~fsm.ongoing("IDLE"))
         unit_protocol(m, self.scope, self.start, self.busy, self.done, Cat(src_r, dst_r, len_r))
+        # for the chip's formal harness (sim.verify.formal.ChipEnv ties them to the responses in flight)
+        self._count, self._dst_r, self._len_r = count, dst_r, len_r
         if checking():
             self.check_completion(m, len_r)
         return m

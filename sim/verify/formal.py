@@ -25,6 +25,15 @@ the command: a bounded check that never reaches its trigger checked nothing, and
 cannot happen is vacuous. For a ``bmc`` property the covers are searched within its own depth (what the
 bounded check saw); for a ``prove`` property within `cover_depth` (the induction holds at every depth).
 
+The chip's properties are proved by k-induction (issue 24) at a small k (`CHIP_INDUCT_DEPTH`), all but a
+generated chip's wait_bounded (bounded from reset), with invariants that are themselves proved in the same
+run and make the others inductive: `hdl.chip.CHIP_INVARIANTS` (owner_busy: a busy unit is the one ``cur``
+names, in WAIT), a generated chip's `hdl.chip.RESIDENT_CHIP_INVARIANTS` (error_stops), `IN_FLIGHT_PROPERTIES`
+(in_flight: every response in flight answers the requests of the LD or GATHER that owns the port; LD's
+counts and operands), halt_stays' "halted in every HALT cycle", and each unit's write_in_busy
+(`hdl.units.base.WRITE_BUSY_PROPERTIES`, proved on its unit's target, kept in the chip's run: `Target.keep`).
+All are checks of `hdl.properties.checks`: the emitted Verilog has none of them.
+
 What the chip is proved on: `ChipEnv`, the real `GA2` (all units, the 4096-word scratchpad as a memory the
 solver reads symbolically), with any program (``imem_data`` free), any response data, and the external
 memory's timing of hardware spec 6.3: a response exactly LAT cycles after each request (LAT = 2 here), none
@@ -42,7 +51,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-from amaranth.hdl import Module, Signal
+from amaranth.hdl import Cat, Elaboratable, Module, Signal
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
@@ -50,8 +59,9 @@ from sim.backends import SimError
 from sim.cli import Parser, UsageError, guarded, int_range
 from sim.cli import chip as chip_spec
 
-__all__ = ["FormalError", "Target", "Result", "targets", "properties", "ChipEnv", "find_tools", "prove",
-           "cover", "cover_depth", "run", "main"]
+__all__ = ["FormalError", "Target", "Result", "targets", "properties", "ChipEnv", "IN_FLIGHT_PROPERTIES",
+           "CHIP_INDUCT_DEPTH", "chip_properties", "chip_induct", "find_tools", "prove", "cover", "cover_depth",
+           "run", "main"]
 
 # Default depths: a unit's shortest job ends within 20 cycles (MM's is 13) except SM's (3 len + 47 = 50:
 # 54 lets its bounded check see a whole job), and 14 chip cycles hold two short instructions; the chip's
@@ -62,6 +72,12 @@ __all__ = ["FormalError", "Target", "Result", "targets", "properties", "ChipEnv"
 DEFAULT_DEPTH = {"chip": 14, "prefetch": 14, "sm": 54, "sm_div": 24, "gather": 12, "scatter": 6}
 # The targets that are a whole chip in `ChipEnv` (their memories are cut free).
 CHIP_TARGETS = ("chip", "prefetch")
+# k of the chip targets' induction (issue 24): their invariants (hdl.chip.CHIP_INVARIANTS and
+# RESIDENT_CHIP_INVARIANTS, IN_FLIGHT_PROPERTIES, the units' write_in_busy) make every chip property but
+# wait_bounded inductive in a few steps, so k is small (a synchronous Assert sees the cycle before its edge: k
+# = 2 closes the book's chip, the piped RQ's write_in_busy on fast needs 3); the bounded check (wait_bounded)
+# and the covers keep DEFAULT_DEPTH's 14 cycles (an MM's write).
+CHIP_INDUCT_DEPTH = 3
 UNIT_DEPTH = 20
 CHIP_LAT = 2
 
@@ -101,7 +117,10 @@ BOUNDED_UNIT_PROPERTIES = _bounded_unit_properties()
 # Cover depths of the prove-mode properties where the proof's depth is too short for a trigger: a SCATTER job
 # ends after its lookups, a word and its write; the UART (25 MHz, 3 Mbaud: 8.3 cycles a bit) receives a
 # frame, framing error or byte, in about 90 cycles.
-COVER_DEPTH = {"scatter": 12, "uart": 100}
+COVER_DEPTH = {"scatter": 12, "uart": 100, "chip": DEFAULT_DEPTH["chip"], "prefetch": DEFAULT_DEPTH["prefetch"]}
+# The chips' Asserts kept as strengthenings in their proofs (Yosys patterns of the message): each unit's
+# write_in_busy, proved on the unit's target, is the unit's half of owner_writes.
+CHIP_KEEP = ("*.write_in_busy",)
 
 
 class FormalError(SimError):
@@ -123,11 +142,18 @@ class Target:
     induct : frozenset
         The properties tried by k-induction (a complete proof); the others get a bounded model check
         from reset (no counterexample within the depth).
+    keep : tuple
+        Patterns of other Asserts' messages (Yosys ``r:FORMAT=``, ``*`` a wildcard) kept in every run of the
+        target's properties: invariants proved elsewhere that strengthen its induction.
+    induct_depth : int or None
+        k of the induction (None: the target's depth); `run`'s ``depth`` overrides it.
     """
     name: str
     build: Callable
     properties: dict
     induct: frozenset = frozenset()
+    keep: tuple = ()
+    induct_depth: int | None = None
 
     def full(self, prop: str) -> str:
         return f"{self.name}.{prop}"
@@ -179,6 +205,47 @@ class Result:
         return self.result == ("proved" if self.mode == "prove" else "bounded") and self.cover == "reached"
 
 
+# The chip's invariant that needs the memory (issue 24): a harness property of `ChipEnv`, under the chip's
+# scope, proved with the chip's by induction (LD's and GATHER's writes are responses: owner_writes and
+# dma_in_range rest on it).
+IN_FLIGHT_PROPERTIES = {
+    "in_flight": "every response in flight answers a request of the busy LD (GATHER) that cur names; the "
+                 "engine's requests less its responses are those in flight, LD's requests stay within its "
+                 "length and its latched dst and len are the instruction register's",
+}
+
+
+class _InFlight(Elaboratable):
+    """`IN_FLIGHT_PROPERTIES` of the chip `dut` whose memory has the valid pipeline `stages`: elaborated after
+    the chip (a later submodule of `ChipEnv`), it reads the engines' counters the chip's elaboration made."""
+
+    def __init__(self, dut, stages):
+        self._dut, self._stages = dut, stages
+
+    def elaborate(self, platform):
+        from hdl.isa import HW_OPERANDS, Op
+        from hdl.properties import History
+        m = Module()
+        dut, stages = self._dut, self._stages
+        text = IN_FLIGHT_PROPERTIES["in_flight"]
+        h = History(m, "prefetch" if dut.config.prefetch else "chip")
+        engines = [op for op in (Op.LD, Op.GATHER) if op in dut._every]
+        flying = sum(stages)
+        anything = Cat(*stages).any()
+        owner = Cat(*((dut.cur == op) & dut._every[op].busy for op in engines)).any()
+        h.check("in_flight", ~anything | owner, text, covers={"a response in flight": anything})
+        for op in engines:
+            eng = dut._every[op]
+            count = eng._count
+            h.check("in_flight", ~eng.busy | ((count.issued - count.recvd)[:count.width] == flying), text)
+        ld = dut._every[Op.LD]
+        count, ins = ld._count, dut._ins
+        (dh, dl), (lh, ll) = HW_OPERANDS[Op.LD]["dst"], HW_OPERANDS[Op.LD]["len"]
+        h.check("in_flight", ~ld.busy | ((count.issued <= ld._len_r) & (count.recvd <= count.issued) &
+                                         (ld._dst_r == ins[dl:dh + 1]) & (ld._len_r == ins[ll:lh + 1])), text)
+        return m
+
+
 class ChipEnv(wiring.Component):
     """The chip with the external memory's timing (spec 6.3) around it; everything else is free.
 
@@ -210,6 +277,7 @@ class ChipEnv(wiring.Component):
             dut.resp_data.eq(self.resp_data),
             self.halted.eq(dut.halted),
         ]
+        m.submodules.in_flight = _InFlight(dut, stages)
         return m
 
 
@@ -217,20 +285,36 @@ def chip_targets(cfg) -> list[Target]:
     """The targets of one chip `cfg` (``python -m sim.formal --chip SPEC``): each of its units under the scope
     it has there, built for that chip, and the chip itself in `ChipEnv` (scope ``chip``, ``prefetch`` on a
     prefetch chip) with the properties it carries: the chip's, a prefetch chip's, a generated chip's
-    (halt_quiet, wait_bounded). The memories are cut free as in every chip target; induction as the book's
-    chip target (the state facts), the rest bounded from reset."""
-    from hdl.chip import CHIP_PROPERTIES, GA2, PREFETCH_CHIP_PROPERTIES, RESIDENT_CHIP_PROPERTIES
+    (halt_quiet, wait_bounded) and the invariants (`chip_properties`). The memories are cut free as in every
+    chip target; induction as the book's chip target (`chip_induct`: all but wait_bounded, bounded from reset)."""
+    from hdl.chip import GA2
     from hdl.units import unit_classes
     out = []
     for cls in unit_classes(cfg).values():
         props = cls.properties_of(cfg)
         out.append(Target(cls.scope_of(cfg), lambda cls=cls: cls(config=cfg), props,
                           frozenset(props) - BOUNDED_UNIT_PROPERTIES))
-    props = {**CHIP_PROPERTIES, **(PREFETCH_CHIP_PROPERTIES if cfg.prefetch else {}),
-             **(RESIDENT_CHIP_PROPERTIES if cfg.generated else {})}
+    props = chip_properties(cfg)
     out.append(Target("prefetch" if cfg.prefetch else "chip", lambda: ChipEnv(chip=lambda: GA2(config=cfg)),
-                      props, frozenset({"state_legal", "halt_stays"})))
+                      props, chip_induct(props), CHIP_KEEP, CHIP_INDUCT_DEPTH))
     return out
+
+
+def chip_properties(cfg) -> dict:
+    """The properties of the chip `cfg` in `ChipEnv`: the chip's, a prefetch chip's, a generated chip's, the
+    invariants (hdl.chip.CHIP_INVARIANTS, `IN_FLIGHT_PROPERTIES`)."""
+    from hdl.chip import (CHIP_INVARIANTS, CHIP_PROPERTIES, PREFETCH_CHIP_PROPERTIES, RESIDENT_CHIP_INVARIANTS,
+                          RESIDENT_CHIP_PROPERTIES)
+    return {**CHIP_PROPERTIES, **(PREFETCH_CHIP_PROPERTIES if cfg.prefetch else {}),
+            **(RESIDENT_CHIP_PROPERTIES if cfg.generated else {}), **CHIP_INVARIANTS,
+            **(RESIDENT_CHIP_INVARIANTS if cfg.generated else {}), **IN_FLIGHT_PROPERTIES}
+
+
+def chip_induct(props) -> frozenset:
+    """The chip properties proved by k-induction: all but wait_bounded, a bounded check from reset (its
+    count of WAIT cycles is tied to no unit's state: by induction it would need each unit's exact
+    completion, itself bounded)."""
+    return frozenset(props) - {"wait_bounded"}
 
 
 def targets(chip=None) -> list[Target]:
@@ -238,7 +322,6 @@ def targets(chip=None) -> list[Target]:
     a chip configuration `chip`, that chip's (`chip_targets`)."""
     if chip is not None:
         return chip_targets(chip)
-    from hdl.chip import CHIP_PROPERTIES
     from hdl.units import unit_classes
 
     # A unit target per scope: each unit's `scope_of` names the scope its Asserts carry on a chip, so the
@@ -258,17 +341,19 @@ def targets(chip=None) -> list[Target]:
     from dataclasses import replace
 
     from hdl.config import BOOK
-    # On the chip, induction succeeds only for the state facts: ownership and the LD range need the units'
-    # internal invariants (not inductive alone), and yices does not close the counters' 32-bit adder
-    # identity by induction within minutes; those three are bounded model checks from reset.
-    out.append(Target("chip", ChipEnv, CHIP_PROPERTIES, frozenset({"state_legal", "halt_stays"})))
+    # On the chip, every property is proved by k-induction at CHIP_INDUCT_DEPTH, with the invariants that
+    # make ownership and the LD range inductive (owner_busy, in_flight, the units' write_in_busy); the
+    # counters' relation is inductive as it stands at that k (at k = 14 yices did not close it in minutes).
+    book_props = chip_properties(BOOK)
+    out.append(Target("chip", ChipEnv, book_props, chip_induct(book_props), CHIP_KEEP, CHIP_INDUCT_DEPTH))
     # The chip with the overlapped issue (docs/prefetch.md; the book's with prefetch=1, properties under the
     # scope "prefetch"): the chip's properties, its counter relation, and issue_quiet (a unit starts only
     # when none is busy); the same split between induction and bounded checks as the chip's.
-    from hdl.chip import GA2, PREFETCH_CHIP_PROPERTIES
+    from hdl.chip import GA2
     prefetching = replace(BOOK, prefetch=1)
+    pre_props = chip_properties(prefetching)
     out.append(Target("prefetch", lambda: ChipEnv(chip=lambda: GA2(config=prefetching)),
-                      {**CHIP_PROPERTIES, **PREFETCH_CHIP_PROPERTIES}, frozenset({"state_legal", "halt_stays"})))
+                      pre_props, chip_induct(pre_props), CHIP_KEEP, CHIP_INDUCT_DEPTH))
     # The host link's UART (hdl/uart.py) at its default rate (25 MHz, 3 Mbaud): tx high while idle, no
     # byte delivered on a framing error, the receive stream's payload held while it waits.
     from hdl.uart import UART, UART_PROPERTIES
@@ -352,7 +437,8 @@ def prove(target: Target, props: list[str], depth: int, tools: dict[str, str] | 
     if mode not in ("prove", "bmc"):
         raise ValueError(f"mode must be prove or bmc, not {mode!r}")
     text, _ = _emit(target, build)
-    keep = [target.full(p) for p in props]
+    # a proof keeps the target's strengthenings (`Target.keep`); a bounded check needs none and names its own
+    keep = [target.full(p) for p in props] + (list(target.keep) if mode == "prove" else [])
     status, log, seconds = _run_sby(text, _sby_text("design.il", keep, mode, depth, target.name in CHIP_TARGETS), tools)
     verdict = status[0] if status else ""
     if verdict == "PASS":
@@ -482,11 +568,12 @@ def run(only: str | None = None, depth: int | None = None, report=print, chip=No
     for t, prop in chosen:
         by_target.setdefault(t.name, (t, []))[1].append(prop)
     for t, props in by_target.values():
-        d = depth or DEFAULT_DEPTH.get(t.name, UNIT_DEPTH)
+        bmc_depth = depth or DEFAULT_DEPTH.get(t.name, UNIT_DEPTH)
         groups = [("prove", [p for p in props if p in t.induct]), ("bmc", [p for p in props if p not in t.induct])]
         for mode, group in groups:
             if not group:
                 continue
+            d = bmc_depth if mode == "bmc" else depth or t.induct_depth or bmc_depth
             verdict, secs, detail = prove(t, group, d, tools, mode=mode)
             if verdict == "FAIL" and len(group) > 1:
                 # Name the guilty property: each alone.
