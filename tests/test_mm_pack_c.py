@@ -348,3 +348,13 @@ def test_progen_makes_packed_mms_on_pack_c_chips_only():
                 if word >> 124 == Op.MM and isa.issue_stop(word, cfg) is None:
                     o = isa.operands(word & ~ignored_bits(Op.MM, cfg))
                     assert o["pc"] == 0 and not (o["tb"] and o["pb"])
+
+
+@pytest.mark.timeout(120)
+def test_unit_packs_raw_results_like_the_reference_when_unchecked():
+    """pc = 1 with rq = 0 (refused by validate): the unit and the unchecked reference both pack the low byte
+    of each raw int32 result, in the cycles of busy_cycles."""
+    for cfg in (replace(SMALL, rq_pipe=1), PACK_C):
+        cases = [((1 << 23, 16, 0), isa.mm(100, 200, 300, 3, 5, min(7, cfg.array), ldc=2, pc=1)),
+                 ((1 << 23, 16, 1), isa.mm(1000, 200, 300, 2, 9, 3, ldb=3, tb=1, pb=1, pc=1))]
+        assert [b for b, _ in _run_unit(cfg, cases, seed=1)] == [isa.busy_cycles(i, 8, cfg) for _, i in cases]
