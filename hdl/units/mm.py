@@ -53,6 +53,12 @@ B's element (k, n) as byte k % 4 of word ``B + n*ldb + k // 4`` with tb's reads 
 after every fourth k); an MM with pc writes C's int8 results four a word, element (m, n) as byte n % 4 of
 word ``dst + m*ldc + n // 4``: the drain's order and cycles are as before, bytes 0..2 wait in ``pc_held``
 and each word is written whole (zeros past N) in the cycle of its last element, so B does not change.
+
+Drain lanes (``config.spad_lanes`` = l > 1, overlapped only; docs/spad-lanes.md): the port has l write lanes
+(lane i at waddr + i, the scratchpad's banks), and OUT writes a group of l results of a row a cycle (each
+through its own requantizer with rq; with pc the group's bytes go into their word, written whole by lane 0
+in its last group's cycle), from X0 = (K-1)*C + max(3 + N - G, C - 1), G = ceil(N/l): B = X0 + M*G + 1
+(+ rq_pipe with rq). With l = 1 none of it exists.
 """
 from amaranth.hdl import Cat, Const, Module, Mux, Signal, signed
 from amaranth.lib import data
