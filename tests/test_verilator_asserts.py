@@ -7,7 +7,8 @@
   written right before it;
 * a design broken so that only an assertion can tell (a unit that raises its write enable a cycle after done,
   when the port is no longer routed to it: the scratchpad is unchanged) fails with a one-line
-  `AssertionFailed` naming the property and the edge, computed from the reference's cycle count;
+  `AssertionFailed` naming the property and the edge, computed from the reference's cycle count; in the same
+  model an ST one cycle late fails its exact completion (a check of `hdl.properties.checks`);
 * a fresh-seed fuzz slice with assertions on for the book's chip and for ``fast`` (one (EXT, LAT) pair each:
   one model each, built once and cached apart from the model without assertions).
 """
@@ -119,19 +120,31 @@ class LateAmax(ArgmaxUnit):
         return m
 
 
+class LateStore(StoreUnit):
+    """ST whose last word goes through a drain cycle: done one cycle late, everything it writes unchanged.
+    Only the cycle counts and the exact completion (a check of `hdl.properties.checks`) can tell."""
+    def one_pass(self, m, opr, n, drain=False):
+        return super().one_pass(m, opr, n, drain=True)
+
+
 @needs_verilator
 @pytest.mark.timeout(900)
 def test_a_failed_assertion_names_the_property_and_the_edge(monkeypatch, tmp_path):
+    """One model of a chip with two broken units (one build): the late AMAX write fails chip.owner_writes, an
+    ST one cycle late (a program without AMAX) fails st.exact_completion, a check the model carries because
+    it is elaborated inside `hdl.properties.checks`; each at the edge the reference's cycle count gives."""
     import hdl.chip
     from hdl.harness import ChipHarness
     monkeypatch.setattr(hdl.chip, "ArgmaxUnit", LateAmax)
+    monkeypatch.setattr(hdl.chip, "StoreUnit", LateStore)
     be = VerilatorBackend(build_dir=tmp_path, design=lambda ext, lat: ChipHarness(ext_words=ext, lat=lat),
                           asserts=True)
     lat = 3
     image = [3, 9, 2, 7, 1, 0, 5, 4] + [0] * 56
     program = [ld(0, 0, 8).word, amax(100, 0, 8).word, st(100, 50, 1).word, halt().word]
-    got = be.run_many([(program, image, lat), ([halt().word], image, lat), (program[1:], image, lat)],
-                      return_errors=True)
+    store = [ld(0, 0, 8).word, st(0, 40, 8).word, halt().word]
+    got = be.run_many([(program, image, lat), ([halt().word], image, lat), (program[1:], image, lat),
+                       (store, image, lat)], return_errors=True)
     ref = ReferenceMachine()
     # AMAX's done is in the last WAIT cycle of the prefix before the ST; its late write one cycle later.
     # Cycle c of the run ends at edge c after the start pulse (cycle 1 is the first FETCH).
@@ -143,40 +156,16 @@ def test_a_failed_assertion_names_the_property_and_the_edge(monkeypatch, tmp_pat
                        f"{CHIP_PROPERTIES['owner_writes']} (job {2 * job})"), msg
     # the job between them runs on a fresh model, unharmed
     assert got[1].counters == ref.run([halt().word], image, lat).counters
+    # ST's done comes one cycle after the cycle model's (the run's cycles without HALT's two)
+    edge = ref.run(store, image, lat).cycles - 2 + 1
+    assert str(got[3]) == (f"assertion st.exact_completion failed at edge {edge} after the start pulse: "
+                           f"{COMPLETION_PROPERTIES['exact_completion']} (job 3)"), str(got[3])
     with pytest.raises(AssertionFailed) as e:
         be.run(program, image, lat)
     assert "\n" not in str(e.value) and str(e.value).startswith("assertion chip.owner_writes failed at edge ")
     # the model was built with Verilator's --assert, and the driver told to report
     log = (be.model(64, lat).parent / "build.log").read_text().splitlines()[0]
     assert " --assert " in log and "--noassert" not in log and "-DGA2_ASSERT=1" in log
-
-
-class LateStore(StoreUnit):
-    """ST whose last word goes through a drain cycle: done one cycle late, everything it writes unchanged.
-    Only the cycle counts and the exact completion (a check of `hdl.properties.checks`) can tell."""
-    def one_pass(self, m, opr, n, drain=False):
-        return super().one_pass(m, opr, n, drain=True)
-
-
-@needs_verilator
-@pytest.mark.timeout(900)
-def test_a_late_done_fails_the_exact_completion(monkeypatch, tmp_path):
-    """The model with assertions carries the simulation-only checks: an ST one cycle late fails
-    st.exact_completion at the edge after the reference's done cycle."""
-    import hdl.chip
-    from hdl.harness import ChipHarness
-    monkeypatch.setattr(hdl.chip, "StoreUnit", LateStore)
-    be = VerilatorBackend(build_dir=tmp_path, design=lambda ext, lat: ChipHarness(ext_words=ext, lat=lat),
-                          asserts=True)
-    lat = 3
-    image = list(range(1, 9)) + [0] * 56
-    program = [ld(0, 0, 8).word, st(0, 40, 8).word, halt().word]
-    with pytest.raises(AssertionFailed) as e:
-        be.run(program, image, lat)
-    # ST's done comes one cycle after the cycle model's (the prefix's cycles without HALT's two)
-    edge = ReferenceMachine().run(program, image, lat).cycles - 2 + 1
-    assert str(e.value) == (f"assertion st.exact_completion failed at edge {edge} after the start pulse: "
-                            f"{COMPLETION_PROPERTIES['exact_completion']}"), str(e.value)
 
 
 @needs_verilator
