@@ -650,7 +650,9 @@ class MatrixUnit(SpadUnit):
             pos = self._pc_pos
             lanes = [w[8 * j:8 * j + 8].as_signed() for j in range(4)]
             newest = w.word_select(pos, 8).as_signed()
-            packed_ok = Cat(*(Mux(pos >= j, lane != -128, lane == 0) for j, lane in enumerate(lanes))).all() & \
+            # byte 0 is always valid (no "pos >= 0": an unsigned compare that is always true, a lint warning)
+            packed_ok = Cat(*(Mux(pos >= j, lane != -128, lane == 0) if j else lane != -128
+                              for j, lane in enumerate(lanes))).all() & \
                 (~relu | (newest >= 0))
             packed = self.spad.we & opr.rq & opr.pc
             h.check("pc_range", ~packed | packed_ok, MM_PACK_C_PROPERTIES["pc_range"],
