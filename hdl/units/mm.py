@@ -375,16 +375,9 @@ class MatrixUnit(SpadUnit):
         cfg = self.config
         n_arr, lanes = cfg.array, cfg.spad_lanes
         lg, lg_l = (n_arr - 1).bit_length(), lanes.bit_length() - 1
-        if self._piped:
-            oaddr_d = self.addr_signal("oaddr_d")
-            m.d.sync += oaddr_d.eq(oaddr)
-            m.d.comb += self.spad.waddr.eq(Mux(opr.rq, oaddr_d, oaddr))
-        else:
-            m.d.comb += self.spad.waddr.eq(oaddr)
+        self._drive_waddr(m, oaddr, opr)
         if cfg.mm_rq:
-            regs = self.rq_regs
-            with m.If(self.rqc):
-                m.d.sync += regs.eq(operand_bits(self.ins, Op.RQC))
+            regs = self._load_rq_regs(m)
         self._elements = []
         for i in range(lanes):
             col = Cat(Const(i, lg_l), ni[lg_l:])[:lg]
@@ -593,6 +586,23 @@ class MatrixUnit(SpadUnit):
             ]
         return running
 
+    def _drive_waddr(self, m, oaddr, opr):
+        """C's write address: `oaddr`, or with the piped requantizer (which holds the element selected in
+        the previous cycle) the address a cycle late when the MM requantizes."""
+        if self._piped:
+            oaddr_d = self.addr_signal("oaddr_d")
+            m.d.sync += oaddr_d.eq(oaddr)
+            m.d.comb += self.spad.waddr.eq(Mux(opr.rq, oaddr_d, oaddr))
+        else:
+            m.d.comb += self.spad.waddr.eq(oaddr)
+
+    def _load_rq_regs(self, m):
+        """The requantizer's registers, loaded by an RQC (docs/fused-rq.md); returns them."""
+        regs = self.rq_regs
+        with m.If(self.rqc):
+            m.d.sync += regs.eq(operand_bits(self.ins, Op.RQC))
+        return regs
+
     def _drain(self, m, array, mi, ni, oaddr, opr):
         """C's write port: PE(mi, ni)'s accumulator (requantized on an mm_rq chip when rq) to `oaddr`."""
         cfg = self.config
@@ -602,18 +612,10 @@ class MatrixUnit(SpadUnit):
         # PE(m, n)'s accumulator is c[m * n_arr + n]: the low log2(n_arr) bits of each counter.
         lg = (n_arr - 1).bit_length()
         c_out = array.c[Cat(ni[:lg], mi[:lg])] if lg else array.c[0]
-        if self._piped:
-            # the piped requantizer holds the element selected in the previous cycle: so does the address
-            oaddr_d = self.addr_signal("oaddr_d")
-            m.d.sync += oaddr_d.eq(oaddr)
-            m.d.comb += self.spad.waddr.eq(Mux(opr.rq, oaddr_d, oaddr))
-        else:
-            m.d.comb += self.spad.waddr.eq(oaddr)
+        self._drive_waddr(m, oaddr, opr)
         if cfg.mm_rq:
             # the output requantizer (docs/fused-rq.md): C through one Requantizer when the MM's rq is set
-            regs = self.rq_regs
-            with m.If(self.rqc):
-                m.d.sync += regs.eq(operand_bits(self.ins, Op.RQC))
+            regs = self._load_rq_regs(m)
             m.submodules.requant = rq = Requantizer(config=cfg)
             m.d.comb += [rq.acc.eq(c_out), rq.m.eq(regs.m), rq.s.eq(regs.s), rq.relu.eq(regs.relu)]
             if cfg.mm_pack_c:
