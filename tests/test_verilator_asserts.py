@@ -26,7 +26,7 @@ from hdl.isa import amax, halt, ld, st
 from hdl.properties import checks
 from hdl.units import unit_classes
 from hdl.units.amax import ArgmaxUnit
-from hdl.units.base import COMPLETION_PROPERTIES
+from hdl.units.base import COMPLETION_PROPERTIES, WRITE_BUSY_PROPERTIES
 from hdl.units.st import StoreUnit
 from sim.backends import AssertionFailed
 from sim.backends.reference import ReferenceMachine
@@ -130,7 +130,8 @@ class LateStore(StoreUnit):
 @needs_verilator
 @pytest.mark.timeout(900)
 def test_a_failed_assertion_names_the_property_and_the_edge(monkeypatch, tmp_path):
-    """One model of a chip with two broken units (one build): the late AMAX write fails chip.owner_writes, an
+    """One model of a chip with two broken units (one build): the late AMAX write fails amax.write_in_busy (the
+    unit's own invariant, reported first) and chip.owner_writes in the same edge, an
     ST one cycle late (a program without AMAX) fails st.exact_completion, a check the model carries because
     it is elaborated inside `hdl.properties.checks`; each at the edge the reference's cycle count gives."""
     import hdl.chip
@@ -152,8 +153,9 @@ def test_a_failed_assertion_names_the_property_and_the_edge(monkeypatch, tmp_pat
         edge = ref.run(prefix + [halt().word], image, lat).cycles - 2 + 1       # HALT's two cycles off
         assert isinstance(result, AssertionFailed), result
         msg = str(result)
-        assert msg == (f"assertion chip.owner_writes failed at edge {edge} after the start pulse: "
-                       f"{CHIP_PROPERTIES['owner_writes']} (job {2 * job})"), msg
+        assert msg == (f"assertion amax.write_in_busy failed at edge {edge} after the start pulse: "
+                       f"{WRITE_BUSY_PROPERTIES['write_in_busy']} (and 1 other property in the same edge) "
+                       f"(job {2 * job})"), msg
     # the job between them runs on a fresh model, unharmed
     assert got[1].counters == ref.run([halt().word], image, lat).counters
     # ST's done comes one cycle after the cycle model's (the run's cycles without HALT's two)
@@ -162,7 +164,7 @@ def test_a_failed_assertion_names_the_property_and_the_edge(monkeypatch, tmp_pat
                            f"{COMPLETION_PROPERTIES['exact_completion']} (job 3)"), str(got[3])
     with pytest.raises(AssertionFailed) as e:
         be.run(program, image, lat)
-    assert "\n" not in str(e.value) and str(e.value).startswith("assertion chip.owner_writes failed at edge ")
+    assert "\n" not in str(e.value) and str(e.value).startswith("assertion amax.write_in_busy failed at edge ")
     # the model was built with Verilator's --assert, and the driver told to report
     log = (be.model(64, lat).parent / "build.log").read_text().splitlines()[0]
     assert " --assert " in log and "--noassert" not in log and "-DGA2_ASSERT=1" in log
