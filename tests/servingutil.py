@@ -5,7 +5,7 @@ from __future__ import annotations
 from host.engine import Engine, Request
 from sim.backends.reference import ReferenceMachine
 
-__all__ = ["serve_on_chips"]
+__all__ = ["serve_on_chips", "batch_inputs"]
 
 _PROMPT = [3, 1, 4, 1, 5, 9, 2, 6]
 _REQUESTS = [Request(0, [7, 1, 4, 4, 2], 4, 0), Request(1, [7, 1, 4, 4, 2, 9], 3, 0), Request(2, [2, 2], 5, 1),
@@ -24,3 +24,19 @@ def serve_on_chips(m, plain, other):
     assert rows[1] == rows[0]
     assert all(r["tokens"] for r in res[1]["requests"])
     return res[0]["total_cycles"], res[1]["total_cycles"]
+
+
+def batch_inputs(m, g, seed):
+    """Inputs of a batched graph `g` of model `m`: embeddings for x, varied small rows for the cache, zeros
+    for zk/zv."""
+    out = {}
+    for n in g.inputs():
+        name, (rows, cols) = n.attrs["name"], n.shape
+        if name == "x":
+            out[name] = [m["E"][(3 * r + seed) % len(m["E"])] for r in range(rows)]
+        elif name in ("zk", "zv"):
+            out[name] = [[0.0] * cols]
+        else:
+            out[name] = [[0.05 * (((r + 2) * (c + seed + 1) * 5) % 13 - 6) for c in range(cols)]
+                         for r in range(rows)]
+    return out

@@ -20,7 +20,7 @@ from host import tiny_lm as T
 from host.batch import batch_program, universal_ranges
 from host.calibrate import calibrate
 from sim.backends.reference import ReferenceMachine
-from tests.servingutil import serve_on_chips
+from tests.servingutil import batch_inputs, serve_on_chips
 
 M = T.make_model("structured", 1)
 MR = T.make_model("random", 2)
@@ -119,20 +119,6 @@ def test_the_books_decode_graph_gives_the_same_words_for_fewer_cycles(model, L):
 BATCHES = [(1,), (5,), (3, 1), (4, 2, 1, 0), (7, 3, 0, 0), (2, 0, 0), (0,), (8, 8, 6, 5, 3, 1, 1)]
 
 
-def _batch_inputs(g, seed):
-    """Inputs of a batched graph: embeddings for x, varied small rows for the cache, zeros for zk/zv."""
-    out = {}
-    for n in g.inputs():
-        name, (rows, cols) = n.attrs["name"], n.shape
-        if name == "x":
-            out[name] = [M["E"][(3 * r + seed) % T.V] for r in range(rows)]
-        elif name in ("zk", "zv"):
-            out[name] = [[0.0] * cols]
-        else:
-            out[name] = [[0.05 * (((r + 2) * (c + seed + 1) * 5) % 13 - 6) for c in range(cols)]
-                         for r in range(rows)]
-    return out
-
 
 @pytest.mark.parametrize("ctxs", BATCHES)
 def test_batched_programs_give_the_same_words_for_fewer_cycles(ctxs):
@@ -141,7 +127,7 @@ def test_batched_programs_give_the_same_words_for_fewer_cycles(ctxs):
     packed = batch_program(M, ctxs, rng, PACKED)
     _check_packed_shape(plain, packed)
     for seed in (0, 1):
-        _run_both(plain, packed, _batch_inputs(plain.graph, seed))
+        _run_both(plain, packed, batch_inputs(M, plain.graph, seed))
 
 
 def test_resident_serving_gives_the_same_requests_for_fewer_cycles():

@@ -18,7 +18,7 @@ from host import tiny_lm as T
 from host.batch import batch_program, universal_ranges
 from host.calibrate import calibrate
 from sim.backends.reference import ReferenceMachine
-from tests.servingutil import serve_on_chips
+from tests.servingutil import batch_inputs, serve_on_chips
 
 M = T.make_model("structured", 1)
 MR = T.make_model("random", 2)
@@ -103,13 +103,7 @@ def test_batched_programs_read_back_the_same(ctxs):
     rng = universal_ranges(M)
     plain, packed = batch_program(M, ctxs, rng, PLAIN), batch_program(M, ctxs, rng, KV)
     for seed in (0, 1):
-        inputs = {}
-        for n in plain.graph.inputs():
-            name, (rows, cols) = n.attrs["name"], n.shape
-            inputs[name] = ([M["E"][(3 * r + seed) % T.V] for r in range(rows)] if name == "x" else
-                            [[0.0] * cols] if name in ("zk", "zv") else
-                            [[0.05 * (((r + 2) * (c + seed + 1) * 5) % 13 - 6) for c in range(cols)]
-                             for r in range(rows)])
+        inputs = batch_inputs(M, plain.graph, seed)
         assert _run(packed, inputs)[1] == _run(plain, inputs)[1]
 
 
