@@ -206,11 +206,6 @@ class BoardCore(wiring.Component):
     busy:    Out(1)
 
     def __init__(self, config=BOOK, clk_hz=DEFAULT_CLK_HZ, baud=DEFAULT_BAUD, *, sync=None):
-        if config.spad_lanes > 1:
-            # the scratchpad's dirty map marks one write a cycle; the MM drain's lanes write up to
-            # spad_lanes words (docs/spad-lanes.md): a board would read back stale words
-            raise ValueError(f"the board does not support spad_lanes = {config.spad_lanes} (its scratchpad dirty "
-                             f"map marks one write a cycle): build it with spad_lanes=1")
         self.config = config
         self.engine = LinkEngine(config, clk_hz, baud)
         self.chip = GA2(config=config, host_port=True)
@@ -281,8 +276,26 @@ class BoardCore(wiring.Component):
 
         # ---- the dirty maps watch the chip's writes only ----
         spad = chip.scratchpad.port
-        m.d.comb += [eng.ext_we.eq(ext.landed), eng.ext_waddr.eq(chip.wr_addr),
-                     eng.spad_we.eq(spad.we & ~chip.host.we), eng.spad_waddr.eq(spad.waddr)]
+        m.d.comb += [eng.ext_we.eq(ext.landed), eng.ext_waddr.eq(chip.wr_addr)]
+        if cfg.spad_lanes == 1:
+            m.d.comb += [eng.spad_we.eq(spad.we & ~chip.host.we), eng.spad_waddr.eq(spad.waddr)]
+        else:
+            # the MM drain writes up to spad_lanes consecutive words a cycle, lane i at waddr + i
+            # (docs/spad-lanes.md); the engine marks the blocks of the lowest and the highest lane
+            # that write, which between them hold every word written (the lanes span < 16 words).
+            # The host writes lane 0 only; the other lanes are MM's
+            lanes = Cat(spad.we & ~chip.host.we, spad.we_x)
+            low = Signal(range(cfg.spad_lanes), name="spad_lane_low")
+            high = Signal(range(cfg.spad_lanes), name="spad_lane_high")
+            for i in reversed(range(cfg.spad_lanes)):       # the last If to hold wins: the lowest
+                with m.If(lanes[i]):
+                    m.d.comb += low.eq(i)
+            for i in range(cfg.spad_lanes):                 # ... the highest
+                with m.If(lanes[i]):
+                    m.d.comb += high.eq(i)
+            m.d.comb += [eng.spad_we.eq(lanes.any()),
+                         eng.spad_waddr.eq(spad.waddr + low),          # modulo the depth, as the banks
+                         eng.spad_waddr_last.eq(spad.waddr + high)]
 
         # ---- run control: reset, start, run to HALT or to the cycle limit ----
         remaining = Signal.like(run.max_cycles)

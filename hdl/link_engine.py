@@ -222,7 +222,14 @@ class LinkEngine(wiring.Component):
         The chip's external-memory writes that land (below the run's EXT): each marks the dirty map
         (the top passes the chip's writes only; the link's own never mark).
     spad_we, spad_waddr : In(1), In(config.spad_addr_bits)
-        The chip's scratchpad writes, likewise.
+        The chip's scratchpad writes, likewise. With ``config.spad_lanes`` > 1 (docs/spad-lanes.md) a
+        cycle writes up to `spad_lanes` consecutive words: `spad_waddr` is then the lowest lane's address
+        that writes and `spad_waddr_last` the highest's.
+    spad_waddr_last : In(config.spad_addr_bits)
+        Only with ``config.spad_lanes`` > 1: the address of the highest write lane that writes this
+        cycle. The lanes span fewer than `DIRTY_BLOCK` words, so the blocks of `spad_waddr` and
+        `spad_waddr_last` are every block the cycle writes: both are marked (a second write port on
+        the scratchpad's map).
     busy : Out(1)
         A frame is being taken, executed or answered (not hunting): the link-activity LED.
     running : Out(1)
@@ -251,7 +258,7 @@ class LinkEngine(wiring.Component):
         self.hello_rom = Memory(shape=8, depth=len(self.hello), init=list(self.hello))
         self.ext_dirty = Memory(shape=1, depth=8 * self.ext_map_bytes, init=[])
         self.spad_dirty = Memory(shape=1, depth=8 * self.spad_map_bytes, init=[])
-        super().__init__({
+        members = {
             "i":          In(stream.Signature(8)),
             "o":          Out(stream.Signature(8)),
             "bus":        Out(link_bus(config)),
@@ -262,7 +269,12 @@ class LinkEngine(wiring.Component):
             "spad_waddr": In(config.spad_addr_bits),
             "busy":       Out(1),
             "running":    Out(1),
-        })
+        }
+        if config.spad_lanes > 1:
+            # the lanes' span must stay within two blocks for two marks to cover it
+            assert config.spad_lanes <= DIRTY_BLOCK
+            members["spad_waddr_last"] = In(config.spad_addr_bits)
+        super().__init__(members)
 
     def elaborate(self, platform):
         m = Module()
@@ -405,6 +417,14 @@ class LinkEngine(wiring.Component):
                 wp.addr.eq(Mux(clearing, clr, ma)),
                 wp.data.eq(~clearing),
             ]
+            if mem is self.spad_dirty and cfg.spad_lanes > 1:
+                # the highest lane's block (the lowest's is marked by the first port, which also
+                # does the clearing: this one stays off meanwhile, as marks do on the first)
+                mv2, ma2 = Signal(), Signal(bits)
+                last = self.spad_waddr_last
+                m.d.sync += [mv2.eq(we), ma2.eq(last[shift:shift + bits] if len(last) > shift else 0)]
+                wp2 = mem.write_port()
+                m.d.comb += [wp2.en.eq(~clearing & mv2), wp2.addr.eq(ma2), wp2.data.eq(1)]
             rp = mem.read_port(transparent_for=())
             m.d.comb += rp.addr.eq(Cat(db, dj))
             dirty_rd.append(rp.data)

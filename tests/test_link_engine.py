@@ -362,3 +362,40 @@ def test_gather_chip_error_state_and_its_one_lat():
              for a in hw if a and parse_answer(a).cmd == Cmd.RUN and parse_answer(a).status == Status.ACK]
     assert kinds == [1, 2, 0]
     assert [parse_answer(a).status for a in hw[-2:]] == [Status.BAD_ARGUMENT] * 2
+
+
+@pytest.mark.timeout(180)
+def test_lanes_chip_dirty_map_has_every_lanes_block():
+    """A chip with ``spad_lanes`` = 4 (docs/spad-lanes.md): the MM drain writes up to four consecutive
+    words a cycle, lane i at waddr + i. Rows of C that straddle a 16-word block (and one that wraps past
+    the scratchpad's last word) leave blocks that only lanes 1..3 write: the hardware's scratchpad map must
+    be exactly the blocks the MM wrote, and the READs of C equal the reference's."""
+    cfg = replace(CFG, mm_overlap=1, spad_lanes=4)
+    depth = cfg.spad_depth
+    h = Host()
+    rng = random.Random(23)
+    a_at, b_at, K = 3000, 3200, 8
+    steps = [Frame(h.write(Space.SPAD, a_at, [rng.randint(-128, 127) & 0xFFFFFFFF for _ in range(4 * K)])),
+             Frame(h.write(Space.SPAD, b_at, [rng.randint(-128, 127) & 0xFFFFFFFF for _ in range(4 * K)]))]
+    # (dst, ldc, M, N): row m is dst + m*ldc .. + N-1, all in one cycle when N <= 4
+    cases = [(14, 32, 4, 4),            # 14,15 | 16,17: blocks 1, 3, 5, 7 written by lanes 2 and 3 only
+             (302, 16, 3, 3),           # 302,303 | 304: block 21 by lane 2 only
+             (depth - 3, 5, 2, 4)]      # depth-3 .. depth-1 | 0: lane 3 wraps to word 0
+    runs = []
+    for dst, ldc, M, N in cases:
+        steps += [Frame(h.write(Space.PROGRAM, 0, program(isa.mm(dst, a_at, b_at, M, K, N, ldc=ldc)))),
+                  Frame(h.run(cfg.ext_words, 8))]
+        runs.append(len(steps) - 1)
+        for m in range(M):
+            row = (dst + m * ldc) % depth
+            steps.append(Frame(h.read(Space.SPAD, row, min(N, depth - row))))
+            if row + N > depth:
+                steps.append(Frame(h.read(Space.SPAD, 0, row + N - depth)))
+    hw, board = check(cfg, steps)
+    assert board.runs == len(cases)
+    for k, (dst, ldc, M, N) in zip(runs, cases):
+        r = RunResultFields.unpack(parse_answer(hw[k]).payload, cfg.ext_words, cfg.spad_depth)
+        marked = {b for b in range(8 * len(r.spad_dirty)) if r.spad_dirty[b // 8] >> (b % 8) & 1}
+        written = {((dst + m * ldc + n) % depth) // 16 for m in range(M) for n in range(N)}
+        assert marked == written, f"MM at {dst}: the map marks blocks {sorted(marked)}, it wrote {sorted(written)}"
+        assert not any(r.ext_dirty)

@@ -350,11 +350,3 @@ def test_program_on_the_amaranth_chip_equals_the_reference():
     assert first_difference(want, got) is None
     assert want.counters[1] == sum(isa.busy_cycles(w, 3, cfg) for w in words
                                    if isa.operands(w)["op"] in (Op.MM, Op.RQC))
-
-
-def test_the_board_refuses_lanes():
-    """The board's scratchpad dirty map marks one write a cycle: a board of a lanes chip is refused, one line
-    naming the value (docs/spad-lanes.md, what is left)."""
-    from hdl.board_top import BoardCore
-    with pytest.raises(ValueError, match="the board does not support spad_lanes = 4"):
-        BoardCore(LANES4)
