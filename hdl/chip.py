@@ -173,8 +173,10 @@ class PortOwner(wiring.Component):
     cur : In(4)
         The owner's opcode (15: nobody).
     spad : Out(SpadPort.of(config, reads=config.spad_reads, lanes=config.spad_lanes))
-        To the scratchpad; its write lanes past 0 (``spad_lanes`` > 1) come from MM's port, the only
-        one that has them (docs/spad-lanes.md), and are off while another unit owns the port.
+        To the scratchpad; its write lanes past 0 (``spad_lanes`` > 1) come from MM's port (docs/spad-lanes.md)
+        and, while RQ or VADD owns the port on a chip with ``vec_lanes`` > 1, the first from theirs
+        (docs/vec-lanes.md); off while a unit without lanes owns it. The read lanes of the first
+        ``vadd_ports`` read ports go to RQ and VADD.
     ld, st, mm, ... : In(unit.spad.signature)
         One port per unit, named after its opcode, each the flip of the unit's ``spad``.
     host : In(SpadPort.of(config))
@@ -188,7 +190,8 @@ class PortOwner(wiring.Component):
         self._units = dict(units)
         self._host = bool(host)
         members = {"cur": In(4), "spad": Out(SpadPort.of(config, reads=config.spad_reads,
-                                                          lanes=config.spad_lanes))}
+                                                          lanes=config.spad_lanes,
+                                                          **Scratchpad.read_lanes_of(config)))}
         for op, unit in self._units.items():
             members[op.name.lower()] = In(unit.spad.signature)
         if self._host:
@@ -228,10 +231,19 @@ class PortOwner(wiring.Component):
                             # a unit with fewer read ports than the scratchpad: its own, the first ones
                             for k in range(reads - 1):
                                 m.d.comb += [sp.raddr_x[k].eq(port.raddr_x[k]), port.rdata_x[k].eq(sp.rdata_x[k])]
+                    if unit.READS and port.signature.read_lanes > 1:
+                        # RQ's and VADD's read lanes (docs/vec-lanes.md), the first ports' own
+                        for r in range(port.signature.lane_reads):
+                            m.d.comb += port.rdata_l[r].eq(sp.rdata_l[r])
                     if unit.WRITES:
                         m.d.comb += sp.we.eq(port.we)
                         if port.signature.lanes > 1:
                             m.d.comb += sp.we_x.eq(port.we_x)
+                        if op != Op.MM and port.signature.lanes > 1:
+                            # RQ's and VADD's write lanes (docs/vec-lanes.md): their data while they own
+                            # the port (MM's otherwise), into the scratchpad's first lanes
+                            lanes = port.signature.lanes - 1
+                            m.d.comb += sp.wdata_x.as_value()[:lanes * len(port.wdata)].eq(port.wdata_x.as_value())
                         if op != Op.AMAX:
                             m.d.comb += [sp.waddr.eq(port.waddr), sp.wdata.eq(port.wdata)]
         return m

@@ -97,6 +97,12 @@ class ChipConfig:
         (bank = address mod lanes), one write port each, so the drain writes up to `spad_lanes`
         consecutive results of a row of C a cycle (``hdl.isa.mm_busy_cycles``). Needs ``mm_overlap``;
         the other units still write one word a cycle.
+    vec_lanes : int
+        Words the RQ and VADD units read and write a cycle through the banks (``docs/vec-lanes.md``): 1,
+        the book's; 2 or 4 make RQ l requantizers and VADD l adders wide, reading l consecutive words of
+        each source and writing l of the result a cycle, so B = ceil(len/l) + 2 (+ rq_pipe for RQ)
+        (``hdl.isa.rq_busy_cycles``, ``vadd_busy_cycles``). Needs ``spad_lanes`` >= vec_lanes and
+        ``vadd_ports`` = 2.
     """
 
     array: int = 4
@@ -118,6 +124,7 @@ class ChipConfig:
     sm_div: int = 1
     mm_pack_c: int = 0
     spad_lanes: int = 1
+    vec_lanes: int = 1
 
     def __post_init__(self):
         for f in fields(self):
@@ -173,6 +180,14 @@ class ChipConfig:
         if self.spad_lanes > 1 and not self.mm_overlap:
             raise ValueError(f"ChipConfig spad_lanes = {self.spad_lanes} needs mm_overlap=1 (the overlapped "
                              f"MM unit's drain writes the lanes), not mm_overlap={self.mm_overlap}")
+        if self.vec_lanes not in (1, 2, 4):
+            raise ValueError(f"ChipConfig vec_lanes must be 1, 2 or 4, not {self.vec_lanes}")
+        if self.vec_lanes > self.spad_lanes:
+            raise ValueError(f"ChipConfig vec_lanes = {self.vec_lanes} needs spad_lanes >= {self.vec_lanes} "
+                             f"(the banks carry the lanes), not spad_lanes={self.spad_lanes}")
+        if self.vec_lanes > 1 and self.vadd_ports != 2:
+            raise ValueError(f"ChipConfig vec_lanes = {self.vec_lanes} needs vadd_ports=2 (VADD reads both "
+                             f"sources' lanes at once), not vadd_ports={self.vadd_ports}")
 
     # ---- derived widths and limits -----------------------------------------------------------------
     @property

@@ -626,8 +626,12 @@ def mm_busy_cycles(M: int, K: int, N: int, cfg: ChipConfig, tb: int = 0, pb: int
 def vadd_busy_cycles(n: int, cfg: ChipConfig) -> int:
     """WAIT cycles B of one VADD of `n` elements on the chip `cfg` (the timing contract of
     hdl/units/vadd.py, docs/vadd-ports.md): ``2*n + 2`` with one read port (``cfg.vadd_ports`` = 1, the
-    book's: src1[i] and src2[i] in two cycles), ``n + 2`` with two (both in one cycle)."""
-    return n + 2 if cfg.vadd_ports == 2 else 2 * n + 2
+    book's: src1[i] and src2[i] in two cycles), ``n + 2`` with two (both in one cycle). With
+    ``cfg.vec_lanes`` = l (docs/vec-lanes.md, which derives it) the unit takes G = ceil(n/l) groups of l
+    consecutive elements, one group a cycle: ``G + 2`` (n + 2 when l = 1)."""
+    if cfg.vadd_ports == 2:
+        return -(-n // cfg.vec_lanes) + 2
+    return 2 * n + 2
 
 
 # Cycles the requantizer's pipeline register adds to its latency on a chip with ``rq_pipe`` = 1
@@ -638,8 +642,10 @@ RQ_PIPE_CYCLES = 1
 def rq_busy_cycles(n: int, cfg: ChipConfig) -> int:
     """WAIT cycles B of one RQ of `n` words on the chip `cfg` (the timing contract of hdl/units/rq.py,
     docs/rq-pipe.md): ``n + 2`` with the combinational requantizer (the book's), ``n + 3`` with its
-    pipeline register (``cfg.rq_pipe`` = 1: each word is written one cycle later)."""
-    return n + 2 + RQ_PIPE_CYCLES * cfg.rq_pipe
+    pipeline register (``cfg.rq_pipe`` = 1: each word is written one cycle later). With
+    ``cfg.vec_lanes`` = l (docs/vec-lanes.md) the unit reads, requantizes and writes G = ceil(n/l) groups of
+    l consecutive words, one group a cycle: ``G + 2 + rq_pipe`` (the old formula when l = 1)."""
+    return -(-n // cfg.vec_lanes) + 2 + RQ_PIPE_CYCLES * cfg.rq_pipe
 
 
 def busy_cycles(ins, lat: int = 8, cfg: ChipConfig = BOOK) -> int:
@@ -721,9 +727,11 @@ def seq_cycles(index: int, cfg: ChipConfig = BOOK, after_error: bool = False) ->
 # 0 (a chip can overlap them with the previous instruction's work: a prefetch chip does, `seq_cycles`).
 
 def vector_lanes(cfg: ChipConfig = BOOK) -> int:
-    """Elements a vector unit (RQ, SM, VADD, AMAX, UNPACK) can take in one cycle on the chip `cfg`: one
-    lane on every chip the generator builds so far (each element is one scratchpad word)."""
-    return 1
+    """Elements a vector unit (RQ, SM, VADD, AMAX, UNPACK) can take in one cycle on the chip `cfg`:
+    ``cfg.vec_lanes`` (docs/vec-lanes.md: RQ and VADD move that many words a cycle through the banks; 1, each
+    element one scratchpad word a cycle, on the book's chip and every preset). SM, AMAX and UNPACK still
+    take one a cycle on a lanes chip: their ideal is then the lanes', the gap their loss to one lane."""
+    return cfg.vec_lanes
 
 
 def ext_port_words(cfg: ChipConfig = BOOK) -> int:

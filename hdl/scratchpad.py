@@ -40,6 +40,12 @@ class SpadPort(wiring.Signature):
         Write lanes, 1, 2 or 4 (default 1). Lane 0 is ``we``/``waddr``/``wdata``; lane i > 0 writes
         ``wdata_x[i-1]`` at ``waddr + i`` (modulo the depth) when ``we_x[i-1]`` (only the MM unit of a
         chip with ``spad_lanes`` > 1 has them, docs/spad-lanes.md).
+    read_lanes : int, optional
+        Read lanes, 1, 2 or 4 (default 1): with r > 1 each of the first `lane_reads` read ports also gives
+        the words at its address + 1 .. + r-1, from the same cycle (the RQ and VADD units of a chip with
+        ``vec_lanes`` > 1, docs/vec-lanes.md).
+    lane_reads : int, optional
+        The read ports with read lanes, the first ones (default: all `reads` when `read_lanes` > 1, else 0).
 
     Members
     -------
@@ -56,18 +62,24 @@ class SpadPort(wiring.Signature):
         Read ports 1 .. reads-1, each like port 0; only when `reads` > 1.
     we_x, wdata_x : Out(lanes-1), Out(ArrayLayout(data_bits, lanes-1))
         Write lanes 1 .. lanes-1; only when `lanes` > 1.
+    rdata_l : In(ArrayLayout(ArrayLayout(data_bits, read_lanes-1), lane_reads))
+        ``rdata_l[r][i-1]`` is the word at read port r's previous address + i (modulo the depth), read like
+        that port's; only when `read_lanes` > 1.
 
     Raises
     ------
     TypeError, ValueError
-        If a width or `reads` is not an integer of at least 1, or `lanes` not 1, 2 or 4.
+        If a width or `reads` is not an integer of at least 1, `lanes` or `read_lanes` not 1, 2 or 4, or
+        `lane_reads` outside 1..reads with read lanes.
     """
 
-    def __init__(self, addr_bits, data_bits, reads=1, lanes=1):
+    def __init__(self, addr_bits, data_bits, reads=1, lanes=1, read_lanes=1, lane_reads=None):
         self.addr_bits = check_int(None, "addr_bits", addr_bits, 1)
         self.data_bits = check_int(None, "data_bits", data_bits, 1)
         self.reads = check_int(None, "reads", reads, 1)
         self.lanes = check_lanes(None, lanes)
+        self.read_lanes = check_lanes(None, read_lanes)
+        self.lane_reads = check_lane_reads(None, reads, read_lanes, lane_reads)
         members = {
             "raddr": Out(addr_bits),
             "rdata": In(data_bits),
@@ -81,15 +93,19 @@ class SpadPort(wiring.Signature):
         if lanes > 1:
             members["we_x"] = Out(lanes - 1)
             members["wdata_x"] = Out(data.ArrayLayout(data_bits, lanes - 1))
+        if read_lanes > 1:
+            members["rdata_l"] = In(data.ArrayLayout(data.ArrayLayout(data_bits, read_lanes - 1),
+                                                     self.lane_reads))
         super().__init__(members)
 
     @classmethod
-    def of(cls, config=BOOK, reads=1, lanes=1):
-        """The port of the scratchpad of chip `config` with `reads` read ports and `lanes` write lanes."""
-        return cls(config.spad_addr_bits, config.word_bits, reads, lanes)
+    def of(cls, config=BOOK, reads=1, lanes=1, read_lanes=1, lane_reads=None):
+        """The port of the scratchpad of chip `config` with `reads` read ports, `lanes` write lanes and
+        `read_lanes` read lanes on the first `lane_reads` read ports."""
+        return cls(config.spad_addr_bits, config.word_bits, reads, lanes, read_lanes, lane_reads)
 
     def _key(self):
-        return (self.addr_bits, self.data_bits, self.reads, self.lanes)
+        return (self.addr_bits, self.data_bits, self.reads, self.lanes, self.read_lanes, self.lane_reads)
 
     def __eq__(self, other):
         return type(other) is SpadPort and self._key() == other._key()
@@ -99,6 +115,8 @@ class SpadPort(wiring.Signature):
 
     def __repr__(self):
         lanes = f", lanes={self.lanes}" if self.lanes > 1 else ""
+        if self.read_lanes > 1:
+            lanes += f", read_lanes={self.read_lanes}, lane_reads={self.lane_reads}"
         return f"SpadPort({self.addr_bits}, {self.data_bits}, reads={self.reads}{lanes})"
 
 
@@ -109,6 +127,17 @@ def check_lanes(owner, lanes):
     if lanes not in (1, 2, 4):
         raise ValueError(f"lanes must be 1, 2 or 4, not {lanes}")
     return lanes
+
+
+def check_lane_reads(owner, reads, read_lanes, lane_reads):
+    """The read ports with read lanes: `lane_reads` (default all `reads`) when `read_lanes` > 1, else 0;
+    ValueError naming it if outside 1..reads."""
+    if read_lanes == 1:
+        return 0
+    lane_reads = reads if lane_reads is None else check_int(owner, "lane_reads", lane_reads, 1)
+    if lane_reads > reads:
+        raise ValueError(f"lane_reads must be at most the {reads} read ports, not {lane_reads}")
+    return lane_reads
 
 
 class Scratchpad(wiring.Component):
@@ -129,6 +158,13 @@ class Scratchpad(wiring.Component):
         at row a // l, each bank with one write port, so the l lanes' consecutive addresses always meet
         l distinct banks. Every read port reads every bank at row a // l and a register of a's low
         bits selects the word in the next cycle (one multiplexer level more on the read path).
+    read_lanes : int, optional
+        Read lanes of the first `lane_reads` read ports, 1, 2 or 4 and at most `lanes` (default
+        ``config.vec_lanes``, docs/vec-lanes.md): such a port reads, in bank b, row (raddr + i_b) // lanes
+        with i_b = (b - raddr) mod lanes (the write lanes' adder, on the read address), so it has the
+        words at raddr .. raddr + lanes - 1 whatever raddr's alignment, and gives raddr + i in lane i.
+    lane_reads : int, optional
+        The read ports with read lanes (default ``config.vadd_ports`` when `read_lanes` > 1: VADD's two).
     config : hdl.config.ChipConfig
         The chip whose scratchpad this is (keyword only; the book's chip by default).
 
@@ -150,22 +186,30 @@ class Scratchpad(wiring.Component):
     ------
     TypeError, ValueError
         If `depth` is not an integer power of two of at least 2 (and of at least 2*lanes), `width` not a
-        positive integer or `lanes` not 1, 2 or 4.
+        positive integer, `lanes` not 1, 2 or 4, or `read_lanes` not 1, 2 or 4 or above `lanes`.
     """
 
-    def __init__(self, depth=None, width=None, reads=None, lanes=None, *, config=BOOK):
+    def __init__(self, depth=None, width=None, reads=None, lanes=None, read_lanes=None, lane_reads=None, *,
+                 config=BOOK):
         depth = config.spad_depth if depth is None else depth
         width = config.word_bits if width is None else width
         reads = config.spad_reads if reads is None else reads
         lanes = config.spad_lanes if lanes is None else lanes
+        if read_lanes is None:
+            read_lanes = config.vec_lanes
+            lane_reads = self.read_lanes_of(config, reads)["lane_reads"] if lane_reads is None else lane_reads
         aw = check_pow2(self, "depth", depth)
         check_int(self, "width", width, 1)
         check_int(self, "reads", reads, 1)
         check_lanes(self, lanes)
+        check_lanes(self, read_lanes)
         if depth < 2 * lanes:
             raise ValueError(f"Scratchpad depth {depth} is below two rows of {lanes} banks")
+        if read_lanes > lanes:
+            raise ValueError(f"Scratchpad read_lanes {read_lanes} is above its {lanes} banks")
         self._depth, self._width, self._reads, self._lanes = depth, width, reads, lanes
-        super().__init__({"port": In(SpadPort(aw, width, reads, lanes))})
+        self._read_lanes = read_lanes
+        super().__init__({"port": In(SpadPort(aw, width, reads, lanes, read_lanes, lane_reads))})
         if lanes == 1:
             self.memory = Memory(shape=width, depth=depth, init=[])
             self.banks = [self.memory]
@@ -173,9 +217,23 @@ class Scratchpad(wiring.Component):
             self.memory = None
             self.banks = [Memory(shape=width, depth=depth // lanes, init=[]) for _ in range(lanes)]
 
+    @staticmethod
+    def read_lanes_of(config, reads=None):
+        """The read lanes of the scratchpad of chip `config` (with `reads` read ports, default
+        ``config.spad_reads``) as keyword arguments of `SpadPort`: ``config.vec_lanes`` lanes on the first
+        ``vadd_ports`` read ports (RQ's port 0, VADD's 0 and 1; none with one lane)."""
+        reads = config.spad_reads if reads is None else reads
+        if config.vec_lanes == 1:
+            return {"read_lanes": 1, "lane_reads": None}
+        return {"read_lanes": config.vec_lanes, "lane_reads": min(reads, config.vadd_ports)}
+
     @property
     def depth(self):
         return self._depth
+
+    @property
+    def read_lanes(self):
+        return self._read_lanes
 
     @property
     def width(self):
@@ -250,6 +308,7 @@ class Scratchpad(wiring.Component):
         wdata = Cat(p.wdata, p.wdata_x.as_value())
         raddrs = [p.raddr] + [p.raddr_x[j] for j in range(self._reads - 1)]
         rdatas = [p.rdata] + [p.rdata_x[j] for j in range(self._reads - 1)]
+        laned = p.signature.lane_reads     # the first `laned` read ports have read lanes (docs/vec-lanes.md)
         sels = [Signal(lg, name=f"rsel{r}") for r in range(self._reads)]
         m.d.sync += [sel.eq(a[:lg]) for sel, a in zip(sels, raddrs)]
         words = [[] for _ in raddrs]
@@ -264,8 +323,19 @@ class Scratchpad(wiring.Component):
             for r, a in enumerate(raddrs):
                 # transparent_for=() : read-before-write, as with one memory
                 rd = bank.read_port(domain="sync", transparent_for=())
-                m.d.comb += rd.addr.eq(a[lg:])
+                if r < laned:
+                    # the word of this bank among raddr .. raddr + lanes - 1: lane (b - raddr) mod lanes
+                    rlane = Signal(lg, name=f"rlane{r}_{b}")
+                    raddr_b = Signal(aw, name=f"raddr{r}_{b}")
+                    m.d.comb += [rlane.eq(b - a[:lg]), raddr_b.eq(a + rlane), rd.addr.eq(raddr_b[lg:])]
+                else:
+                    m.d.comb += rd.addr.eq(a[lg:])
                 words[r].append(rd.data)
         for r, out in enumerate(rdatas):
             m.d.comb += out.eq(Cat(*words[r]).word_select(sels[r], width))
+        for r in range(laned):
+            # lane i of port r: the bank after the registered raddr's by i (modulo the banks)
+            for i in range(1, self._read_lanes):
+                bank = Signal(lg, name=f"rbank{r}_{i}")
+                m.d.comb += [bank.eq(sels[r] + i), p.rdata_l[r][i - 1].eq(Cat(*words[r]).word_select(bank, width))]
         return m

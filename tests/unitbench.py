@@ -42,8 +42,10 @@ class UnitBench(Elaboratable):
     def __init__(self, unit):
         self.unit = unit
         # the unit's chip's scratchpad, with as many read ports as the unit's port has
-        self.scratchpad = Scratchpad(depth=SPAD_DEPTH, width=32, reads=unit.spad.signature.reads,
-                                     lanes=unit.spad.signature.lanes, config=unit.config)
+        sig = unit.spad.signature
+        self.scratchpad = Scratchpad(depth=SPAD_DEPTH, width=32, reads=sig.reads, lanes=sig.lanes,
+                                     read_lanes=sig.read_lanes, lane_reads=sig.lane_reads or None,
+                                     config=unit.config)
 
     def elaborate(self, platform):
         m = Module()

@@ -13,15 +13,23 @@ W(k+1) and its word is in the read register in W(k+2).
   src[k] is that word (dst = src + 2 modulo the scratchpad's depth) the read misses it, so the unit then
   feeds the requantizer the value it wrote instead (`fwd`, `last`), and every placement of the operands
   gives the book's result (a read sees the writes of elements <= k-2, ``sim.backends.reference``).
+- ``vec_lanes`` = l > 1 (docs/vec-lanes.md), B = ceil(len/l) + 2 (+1 with rq_pipe): the same schedule a
+  group of l consecutive words at a time (`_lanes`): group g's address goes out in W(g+1), its l words come
+  through the port's read lanes in W(g+2), through l requantizers, and are written through the write lanes
+  at the end of W(g+2) (W(g+3) with rq_pipe). No forwarding: group g's read sees the writes of groups
+  <= g-2 (g-3 with rq_pipe), which ``sim.backends.reference`` models.
 """
 
 from amaranth.hdl import Module, Mux, Signal, signed
+from amaranth.lib.wiring import Out
 
 from hdl.isa import Op
 from hdl.properties import History
 from hdl.requant import Requantizer
+from hdl.scratchpad import SpadPort
 
 from .base import SpadUnit
+from .lanes import VectorLanes, lane_pass
 
 __all__ = ["RequantUnit", "RQ_PIPE_PROPERTIES"]
 
@@ -34,7 +42,7 @@ RQ_PIPE_PROPERTIES = {
 }
 
 
-class RequantUnit(SpadUnit):
+class RequantUnit(VectorLanes, SpadUnit):
     """Vector requantizer: spad[dst+i] = sext(requant(s32(spad[src+i]), m, s, relu)).
 
     The ports are `SpadUnit`'s. dst, src, len, m, s and relu are latched at E0; ``spad.raddr = src + i``;
@@ -43,8 +51,17 @@ class RequantUnit(SpadUnit):
 
     OP = Op.RQ
 
+    def ports(self, cfg):
+        members = super().ports(cfg)
+        if cfg.vec_lanes > 1:
+            l = cfg.vec_lanes
+            members["spad"] = Out(SpadPort.of(cfg, lanes=l, read_lanes=l))
+        return members
+
     def elaborate(self, platform):
         m = Module()
+        if self.config.vec_lanes > 1:
+            return self._lanes(m)
         m.submodules.requant = rq = Requantizer(config=self.config)
         opr = self.operand_register()
         src, dst, n, mant, shift, relu = opr.src, opr.dst, opr.len, opr.m, opr.s, opr.relu
@@ -80,6 +97,35 @@ class RequantUnit(SpadUnit):
         self._check(m, opr)
         return m
 
+    def _lanes(self, m):
+        """The unit with ``vec_lanes`` = l requantizers (docs/vec-lanes.md): a group of l words a cycle."""
+        cfg = self.config
+        l = cfg.vec_lanes
+        opr = self.operand_register()
+        src, dst, n = opr.src, opr.dst, opr.len
+        i, j, v, valid = lane_pass(self, m, opr, n, l, drain=bool(cfg.rq_pipe))
+        words = [self.spad.rdata] + [self.spad.rdata_l[0][k] for k in range(l - 1)]
+        qs = []
+        for k, word in enumerate(words):
+            rq = m.submodules[f"requant{k}"] = Requantizer(config=cfg)
+            m.d.comb += [rq.acc.eq(word), rq.m.eq(opr.m), rq.s.eq(opr.s), rq.relu.eq(opr.relu)]
+            qs.append(rq.q)
+        if cfg.rq_pipe:
+            # the products are in the requantizers' registers: write them a cycle later
+            wvalid, wj = Signal(l, name="wvalid"), Signal(len(j), name="wj")
+            m.d.sync += [wvalid.eq(valid), wj.eq(j)]
+            valid, j = wvalid, wj
+        m.d.comb += [
+            self.spad.raddr.eq(src + i),
+            self.spad.we.eq(valid[0]),
+            self.spad.waddr.eq(dst + j),
+            self.spad.wdata.eq(qs[0]),          # q is signed(8): the assignment sign-extends it
+            self.spad.we_x.eq(valid[1:]),
+            *(self.spad.wdata_x[k - 1].eq(qs[k]) for k in range(1, l)),
+        ]
+        self._check(m, opr)
+        return m
+
     def _piped(self, m, opr, n):
         """`Unit.one_pass` with one cycle more (its DRAIN state, whose edge writes the last word and
         finishes). Returns (i, j, v)."""
@@ -87,7 +133,10 @@ class RequantUnit(SpadUnit):
 
     @classmethod
     def scope_of(cls, cfg):
-        """``rq``, or ``rq_pipe`` for the piped unit (an rq_pipe chip)."""
+        """``rq``, or ``rq_pipe`` for the piped unit (an rq_pipe chip), ``rq_lanes`` for the unit with
+        ``vec_lanes`` > 1 (either requantizer)."""
+        if cfg.vec_lanes > 1:
+            return "rq_lanes"
         return "rq_pipe" if cfg.rq_pipe else "rq"
 
     @classmethod

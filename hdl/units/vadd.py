@@ -10,6 +10,11 @@ the end of W(k+2) and `done` is high in W(len+2). States: IDLE, STREAM (`Unit.on
 one cycle later than with one port would miss the write of element k-1, made at the same edge as the
 read, when src2[k] is that word (dst = src2 + 1 modulo the scratchpad's depth); the unit then takes the
 sum it is writing instead (`fwd`), so every placement of the operands gives the one-port result.
+
+``vec_lanes`` = l > 1 (docs/vec-lanes.md; two ports), B = ceil(len/l) + 2: the two-port schedule a group of
+l consecutive elements at a time (`lanes`): both sources' group g is read in W(g+1) through the ports'
+read lanes (2l words), l adders sum it in W(g+2) and the write lanes write it at the end of W(g+2). No
+forwarding: group g's reads see the writes of groups <= g-2, which ``sim.backends.reference`` models.
 """
 
 from amaranth.hdl import Module, Mux, Signal, signed
@@ -19,11 +24,12 @@ from hdl.isa import Op
 from hdl.scratchpad import SpadPort
 
 from .base import SpadUnit
+from .lanes import VectorLanes, lane_pass
 
 __all__ = ["VaddUnit"]
 
 
-class VaddUnit(SpadUnit):
+class VaddUnit(VectorLanes, SpadUnit):
     """spad[dst+i] = sext(clamp(s8(spad[src1+i]) + s8(spad[src2+i]), -127, 127)).
 
     The ports are `SpadUnit`'s, with ``config.vadd_ports`` read ports in ``spad``. dst, src1, src2 (12
@@ -37,14 +43,19 @@ class VaddUnit(SpadUnit):
 
     def ports(self, cfg):
         members = super().ports(cfg)
-        if cfg.vadd_ports == 2:
+        if cfg.vec_lanes > 1:
+            l = cfg.vec_lanes
+            members["spad"] = Out(SpadPort.of(cfg, reads=2, lanes=l, read_lanes=l))
+        elif cfg.vadd_ports == 2:
             members["spad"] = Out(SpadPort.of(cfg, reads=2))
         return members
 
     def elaborate(self, platform):
         m = Module()
         opr = self.operand_register()
-        if self.config.vadd_ports == 2:
+        if self.config.vec_lanes > 1:
+            self.lanes(m, opr)
+        elif self.config.vadd_ports == 2:
             self.one_cycle(m, opr)
         else:
             self.two_cycles(m, opr)
@@ -53,7 +64,10 @@ class VaddUnit(SpadUnit):
 
     @classmethod
     def scope_of(cls, cfg):
-        """``vadd``, or ``vadd_ports`` for the unit with two read ports (the book's unit keeps "vadd")."""
+        """``vadd``, or ``vadd_ports`` for the unit with two read ports (the book's unit keeps "vadd"),
+        ``vadd_lanes`` for the unit with ``vec_lanes`` > 1."""
+        if cfg.vec_lanes > 1:
+            return "vadd_lanes"
         return "vadd_ports" if cfg.vadd_ports == 2 else "vadd"
 
     def saturated_sum(self, m, a, b):
@@ -125,4 +139,21 @@ class VaddUnit(SpadUnit):
             self.spad.raddr.eq(s1 + i),
             self.spad.raddr_x[0].eq(s2 + i),
             *self.write_port(v, dst, j, result),
+        ]
+
+    def lanes(self, m, opr):
+        """``vec_lanes`` = l: src1's and src2's group of l elements in one cycle through the two ports' read
+        lanes, the l sums written the next through the write lanes (B = ceil(len/l) + 2)."""
+        l = self.config.vec_lanes
+        s1, s2, dst, n = opr.src1, opr.src2, opr.dst, opr.len
+        i, j, v, valid = lane_pass(self, m, opr, n, l)
+        xs = [self.spad.rdata] + [self.spad.rdata_l[0][k] for k in range(l - 1)]
+        ys = [self.spad.rdata_x[0]] + [self.spad.rdata_l[1][k] for k in range(l - 1)]
+        sums = [self.saturated_sum(m, x[:8].as_signed(), y[:8].as_signed()) for x, y in zip(xs, ys)]
+        m.d.comb += [
+            self.spad.raddr.eq(s1 + i),
+            self.spad.raddr_x[0].eq(s2 + i),
+            *self.write_port(valid[0], dst, j, sums[0]),
+            self.spad.we_x.eq(valid[1:]),
+            *(self.spad.wdata_x[k - 1].eq(sums[k]) for k in range(1, l)),
         ]

@@ -175,6 +175,8 @@ class ReferenceMachine(Backend):
                 mm_rq = (o["m"], o["s"], o["relu"])
             elif op == Op.MM and cfg.mm_rq and o["rq"]:
                 _mm(o, spad, ext, n_ext, sp, mm_rq)
+            elif op in (Op.RQ, Op.VADD) and cfg.vec_lanes > 1:
+                _vector_lanes(o, spad, sp, cfg)
             elif op not in RESIDENT_OPS:
                 _EXEC[op](o, spad, ext, n_ext, sp)
             pc = (pc + 1) & 0xFFFF
@@ -248,6 +250,38 @@ def _vadd(o, spad, ext, n_ext, sp):
         y = spad[(s2 + k) & sp]
         prev = vadd_sat(x, y) & _W
     spad[(dst + n - 1) & sp] = prev
+
+
+def _vector_lanes(o, spad, sp, cfg):
+    """RQ or VADD on a chip with ``vec_lanes`` = l > 1 (docs/vec-lanes.md): G = ceil(len/l) groups of l
+    consecutive elements (the last one shorter), one group read a cycle and written `lag` cycles later, so
+    the reads of group g see the writes of groups <= g - lag: lag = 2 (VADD, both sources; RQ), 3 (RQ with
+    the requantizer's pipeline register). Within a group every read comes before every write."""
+    l, n, dst = cfg.vec_lanes, o["len"], o["dst"]
+    if o["op"] == Op.RQ:
+        lag = 2 + cfg.rq_pipe
+        m, s, relu, src = o["m"], o["s"], o["relu"], o["src"]
+
+        def compute(k):
+            return requant(spad[(src + k) & sp], m, s, relu) & _W
+    else:
+        lag = 2
+        s1, s2 = o["src1"], o["src2"]
+
+        def compute(k):
+            return vadd_sat(spad[(s1 + k) & sp], spad[(s2 + k) & sp]) & _W
+    groups = [range(g * l, min(g * l + l, n)) for g in range(-(-n // l))]
+    out = {}
+
+    def write(g):
+        for k in groups[g]:
+            spad[(dst + k) & sp] = out[k]
+    for g, group in enumerate(groups):
+        if g >= lag:
+            write(g - lag)
+        out.update({k: compute(k) for k in group})
+    for g in range(max(0, len(groups) - lag), len(groups)):
+        write(g)
 
 
 def _amax(o, spad, ext, n_ext, sp):

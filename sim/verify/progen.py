@@ -425,6 +425,10 @@ class _Wide:
         out_n == n: that is in place), or None when there is no such dst."""
         lo, hi = max(0, src - out_n + 1), min(_SPAD - out_n, src + n - 1)
         near = [src + d for d in (1, 2, 3, -1, -2, -3)] + [lo, hi]
+        if self.fast is not None and self.fast.vec_lanes > 1:
+            # the distances where RQ's and VADD's groups of l words see a group of theirs or not (lag 2
+            # or 3 groups, docs/vec-lanes.md): up to 3l + 1 words after the source (one-lane chips draw as before)
+            near += [src + d for d in range(4, 3 * self.fast.vec_lanes + 2)]
         if lo <= hi:
             near.append(self.rng.randint(lo, hi))
         ok = [d for d in near if lo <= d <= hi and not (d == src and out_n == n)]
