@@ -119,20 +119,23 @@ def test_reference_apart_operands_give_the_one_lane_words(cfg):
 
 
 def test_reference_group_rule():
-    """dst = src + 1 on four lanes: group g's reads see the writes of groups <= g - lag only. An RQ with
-    m = 2^23, s = 23 is the identity on int8 words, so the result shows which words each read saw."""
-    words = list(range(1, 21)) + [0] * (4096 - 20)
+    """dst = src + d on four lanes: element k's read sees element f's write (f = k - d, the word it
+    reads) only when f's group is at least `lag` groups before k's. An RQ with m = 2^23, s = 23 is the
+    identity on int8 words, so the result shows which words each read saw; the expectation is counted
+    element by element here, not group by group as the reference machine does."""
+    words = list(range(1, 41)) + [0] * (4096 - 40)
+    n, l = 24, 4
     for cfg, lag in ((VEC4_NOPIPE, 2), (VEC4, 3)):
-        got = ReferenceMachine(config=cfg).run([isa.rq(1, 0, 16, 1 << 23, 23), isa.halt()], [0] * 16,
-                                               scratchpad=words).scratchpad
-        # element k reads word k: the original unless group k // 4 - lag or earlier wrote it (as element
-        # k - 1, which read word k - 1, ...): a chain over the groups lag apart
-        want = list(words)
-        for g in range(4):
-            for k in range(4 * g, 4 * g + 4):
-                seen = words[k] if (k - 1) // 4 > g - lag or k == 0 else want[k]
-                want[k + 1] = seen
-        assert got[:17] == want[:17], (cfg.spec(), got[:17])
+        for d in (1, 5, 6, 9, 13):
+            got = ReferenceMachine(config=cfg).run([isa.rq(d, 0, n, 1 << 23, 23), isa.halt()], [0] * 16,
+                                                   scratchpad=words).scratchpad
+            out = []
+            for k in range(n):
+                f = k - d
+                out.append(out[f] if f >= 0 and f // l <= k // l - lag else words[k])
+            want = list(words)
+            want[d:d + n] = out
+            assert got[:64] == want[:64], (cfg.spec(), d)
 
 
 # ---- the banks' read lanes in pysim --------------------------------------------------------------
