@@ -3,7 +3,9 @@
 With ``spad_lanes`` = l > 1 (docs/spad-lanes.md) it is l banks interleaved by address (bank = address mod
 l), one write port a bank: a port then has l write lanes, lane i writing ``waddr + i``, so any l
 consecutive addresses, whatever the alignment, fall in distinct banks. Every read port reads every bank
-and selects by the registered low address bits. With l = 1 it is the book's single memory.
+and selects by the registered low address bits. With l = 1 it is the book's single memory. With
+``vec_lanes`` > 1 (docs/vec-lanes.md) the first read ports also have read lanes: each bank reads its word
+among the l from the port's address (a row per bank), and lane i gives the word at the address + i.
 
 The address presented in cycle c is sampled at the end of c and its data is visible in c+1; a write to
 the same address at that edge is not seen (the old word comes out). The read register has no enable.
