@@ -99,19 +99,22 @@ if _AVAILABLE:
                     memory = fragment._data
         return signals, memory
 
-    def _project(stmts, keep):
-        """The statements of `stmts` that assign a signal of `keep` (a SignalSet), in order; a Switch is kept
-        with all its cases (an emptied case still stops the later ones from matching) when any of them keeps
-        something. The signals of `keep` get exactly the values `stmts` give them."""
-        out = []
+    def _project(stmts, key_of):
+        """`stmts` cut by the key of the signals they assign (`key_of`, a SignalDict with a key for every
+        signal assigned; the signals of one Assign share theirs): {key: the statements that assign its
+        signals, in order}. A Switch goes to every key one of its cases has something for, with all its
+        cases (an emptied case still stops the later ones from matching), so each signal gets exactly the
+        values `stmts` give it."""
+        out = {}
         for stmt in stmts:
             if isinstance(stmt, Switch):
-                cases = [(patterns, _project(body, keep), src_loc) for patterns, body, src_loc in stmt.cases]
-                if any(body for _, body, _ in cases):
-                    out.append(Switch(stmt.test, cases, src_loc=stmt.src_loc))
+                bodies = [_project(body, key_of) for _patterns, body, _src_loc in stmt.cases]
+                for key in {key: None for body in bodies for key in body}:        # first seen, first
+                    cases = [(patterns, body.get(key, []), src_loc)
+                             for (patterns, _, src_loc), body in zip(stmt.cases, bodies)]
+                    out.setdefault(key, []).append(Switch(stmt.test, cases, src_loc=stmt.src_loc))
             elif isinstance(stmt, Assign):
-                if any(signal in keep for signal in stmt._lhs_signals()):
-                    out.append(stmt)
+                out.setdefault(key_of[next(iter(stmt._lhs_signals()))], []).append(stmt)
         return out
 
     def _split(fragment):
@@ -145,15 +148,14 @@ if _AVAILABLE:
                     groups[signal] = together
         # a group whose inputs all wake another group anyway joins it: it then costs no extra run, and pysim
         # has one process fewer
+        key_of = SignalDict((signal, id(group)) for signal, group in groups.items())
+        members = {id(group): group for group in groups.values()}
         found = []                                        # (the inputs' ids, the group)
-        seen = set()
-        for group in groups.values():
-            if id(group) not in seen:
-                seen.add(id(group))
-                inputs = SignalSet()
-                for stmt in _project(stmts, group):
-                    inputs |= stmt._rhs_signals()
-                found.append((frozenset(id(signal) for signal in inputs), group))
+        for key, body in _project(stmts, key_of).items():
+            inputs = SignalSet()
+            for stmt in body:
+                inputs |= stmt._rhs_signals()
+            found.append((frozenset(id(signal) for signal in inputs), members[key]))
         found.sort(key=lambda item: -len(item[0]))
         parts = []                                        # [inputs' ids, signals]
         for inputs, group in found:
@@ -169,9 +171,10 @@ if _AVAILABLE:
             fragment.statements["comb"] = _StatementList(rest)
         else:
             del fragment.statements["comb"]
-        for k, (_inputs, signals) in enumerate(parts):
+        part_of = SignalDict((signal, k) for k, (_inputs, signals) in enumerate(parts) for signal in signals)
+        for k, body in _project(stmts, part_of).items():
             part = Fragment()
-            part.add_statements("comb", _project(stmts, signals))
+            part.add_statements("comb", body)
             fragment.add_subfragment(part, f"comb_part{k}")
 
     def _assigns(stmt):
