@@ -185,6 +185,26 @@ if _AVAILABLE:
                 for inner in body:
                     yield from _assigns(inner)
 
+    def _direct_waker(waker, rtl, queue):
+        """pysim's `waker` itself, or, if it only raises the flag of a compiled process of `rtl` (the wakers
+        of ``comb_waker`` and ``memory_waker`` in ``amaranth.sim._pyrtl``), one that puts it in `queue`."""
+        name = getattr(waker, "__qualname__", "")
+        cells = [cell.cell_contents for cell in getattr(waker, "__closure__", None) or ()]
+        if len(cells) != 1 or cells[0] not in rtl:
+            return waker
+        process, add = cells[0], queue.add
+        if name == "comb_waker.<locals>.waker":
+            def on_signal(curr, next):
+                add(process)
+                return True
+            return on_signal
+        if name == "memory_waker.<locals>.waker":
+            def on_memory():
+                add(process)
+                return True
+            return on_memory
+        return waker
+
     class SkipIdleEngine(_pysim.PySimEngine):
         """``PySimEngine`` whose clocked processes run at an edge only when one of their inputs has changed
         since their last run, whose processes are cut by `_split`, and whose delta cycle
@@ -277,25 +297,29 @@ if _AVAILABLE:
             flag = PyRTLProcess.runnable         # the slot the base class keeps the flag in
 
             def set_runnable(process, value):
-                flag.__set__(process, value)
                 if value:
                     queue.add(process)
                 else:
                     queue.discard(process)
 
+            # the flag is now "in the queue" (the slot is no longer used)
             queued = type("QueuedRTLProcess", (PyRTLProcess,),
-                          {"__slots__": (), "runnable": property(flag.__get__, set_runnable)})
+                          {"__slots__": (), "runnable": property(queue.__contains__, set_runnable)})
             self._rtl = [p for p in self._processes if type(p) is PyRTLProcess]
             for process in self._rtl:
+                runnable = flag.__get__(process)
                 process.__class__ = queued
-                if flag.__get__(process):
-                    queue.add(process)
+                process.runnable = runnable
                 self._processes.discard(process)
+            # pysim's wakers of a compiled combinational process (on its inputs, on a memory it reads) raise
+            # the flag through the property above; the same in one call: queue it
+            rtl = set(self._rtl)
+            for slot in self._state.slots:
+                slot.wakers[:] = [_direct_waker(waker, rtl, queue) for waker in slot.wakers]
 
         def step_design(self):
             queue, others, state, triggers = self._queue, self._processes, self._state, self._active_triggers
             edges = self._edges
-            flag = PyRTLProcess.runnable
             converged = False
             while not converged:
                 for trigger_state in triggers:
@@ -308,7 +332,6 @@ if _AVAILABLE:
                 batch = list(queue)
                 queue.clear()
                 for process in batch:
-                    flag.__set__(process, False)
                     process.run()
                 converged = state.commit()
                 if edges:
