@@ -245,6 +245,7 @@ if _AVAILABLE:
             self._edges = []                     # the stale sets of the clocks that had an active edge
             self._guarded = []                   # (process, its clock's stale set)
             self._stale_sets = {}                # (clock's state id, polarity) -> that clock's stale set
+            self._read_plans = {}                # id(rows) -> (rows, read_rows's plan for them)
             for process, fragment, domain_name in compiler["made"].clocked:
                 self._guard(process, fragment.domains[domain_name], *_inputs(fragment, domain_name))
             self._take_rtl_processes()
@@ -368,9 +369,42 @@ if _AVAILABLE:
             self.step_design()
 
         def read_rows(self, ctx, rows):
-            """The words of ``MemoryData`` rows `rows`, as ``ctx.get`` returns them."""
+            """The words of ``MemoryData`` rows `rows` (valid indices), as ``ctx.get`` returns them.
+
+            The rows a backend reads are the same list every time (a memory in order, or the scratchpad's
+            banks interleaved): its plan, one slice of a memory's words per stretch of rows, is made once."""
+            plan = self._read_plans.get(id(rows))
+            if plan is None or plan[0] is not rows:
+                plan = self._read_plans[id(rows)] = (rows, self._read_plan(rows))
+            out = [0] * len(rows)
+            for memory, positions, indices in plan[1]:
+                out[positions] = memory.data[indices]
+            return out
+
+        def _read_plan(self, rows):
+            """[(a memory's state, a slice of `rows`, the slice of its words they are)], covering `rows`."""
             state = self._state
-            return [state.slots[state.get_memory(row._memory)].read(row._index) for row in rows]
+            by_memory = {}
+            for position, row in enumerate(rows):
+                memory = state.slots[state.get_memory(row._memory)]
+                by_memory.setdefault(id(memory), (memory, []))[1].append((position, row._index))
+            plan = []
+            for memory, pairs in by_memory.values():
+                # cut into stretches where both the position and the index advance by a fixed step
+                start = 0
+                while start < len(pairs):
+                    end = start + 1
+                    if end < len(pairs):
+                        dp, di = pairs[end][0] - pairs[start][0], pairs[end][1] - pairs[start][1]
+                        while (end < len(pairs) and pairs[end][0] - pairs[end - 1][0] == dp
+                               and pairs[end][1] - pairs[end - 1][1] == di and dp > 0 and di > 0):
+                            end += 1
+                    if end == start + 1:
+                        dp = di = 1                     # a stretch of one row
+                    (p0, i0), (p1, i1) = pairs[start], pairs[end - 1]
+                    plan.append((memory, slice(p0, p1 + 1, dp), slice(i0, i1 + 1, di)))
+                    start = end
+            return plan
 
         def write_vcd(self, **kwargs):
             raise NotImplementedError("SkipIdleEngine records no waveform: use the stock engine (engine_class(vcd=True))")
