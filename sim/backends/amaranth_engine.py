@@ -326,7 +326,8 @@ if _AVAILABLE:
                 runnable = flag.__get__(process)
                 process.__class__ = queued
                 process.runnable = runnable
-                self._processes.discard(process)
+            # a new set: one emptied by discards keeps its table, and iterating it walks every slot
+            self._processes = {p for p in self._processes if type(p) is not queued}
             # pysim's wakers of a compiled combinational process (on its inputs, on a memory it reads) raise
             # the flag through the property above; the same in one call: queue it
             rtl = set(self._rtl)
