@@ -9,7 +9,7 @@ RunResult on both engines and on the reference machine.
 import random
 
 import pytest
-from amaranth.hdl import Assert, Module, Signal
+from amaranth.hdl import Assert, Module, Signal, signed
 from amaranth.lib import wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
@@ -191,3 +191,42 @@ def test_rows_written_and_read_in_one_go_as_ctx_does():
     # the comb read ports saw the words written (the design was settled after write_rows)
     assert all(a == ra and b == rb for a, b, ra, rb in seen)
     assert any(a or b for a, b, _, _ in seen)
+
+
+class _Slices(wiring.Component):
+    """A combinational signal assigned slice by slice (`_one_assign` makes it one Cat): a signed right-hand side
+    narrower than its slice (sign-extended), a wider one (cut), gaps at the signal's initial value; and a
+    second signal with other inputs, so that the statements are cut into parts."""
+    small: In(signed(3))
+    wide: In(12)
+    other: In(4)
+    packed: Out(24, init=0xA5C3E1)
+    echo: Out(4)
+
+    def elaborate(self, platform):
+        m = Module()
+        m.d.comb += [self.packed[0:5].eq(self.small), self.packed[8:16].eq(self.wide),
+                     self.packed[18:22].as_signed().eq(self.wide[3:]), self.echo.eq(self.other)]
+        return m
+
+
+def test_slices_as_one_cat_same_as_stock_engine():
+    traces = []
+    for engine in ("pysim", SkipIdleEngine):
+        dut = _Slices()
+        sim = Simulator(dut, engine=engine)
+        out = []
+
+        async def bench(ctx, dut=dut, out=out):
+            rng = random.Random(3)
+            for _ in range(50):
+                ctx.set(dut.small, rng.randrange(-4, 4))
+                ctx.set(dut.wide, rng.randrange(1 << 12))
+                ctx.set(dut.other, rng.randrange(16))
+                out.append((ctx.get(dut.packed), ctx.get(dut.echo)))
+
+        sim.add_testbench(bench)
+        sim.run()
+        traces.append(out)
+    assert traces[0] == traces[1]
+    assert len({p for p, _ in traces[0]}) > 10

@@ -33,8 +33,8 @@ from __future__ import annotations
 __all__ = ["SkipIdleEngine", "engine_class"]
 
 try:
-    from amaranth.hdl import Fragment, Value
-    from amaranth.hdl._ast import Assign, Print, Property, SignalDict, SignalSet, Switch, _StatementList
+    from amaranth.hdl import Cat, Const, Fragment, Signal, Value
+    from amaranth.hdl._ast import Assign, Operator, Print, Property, SignalDict, SignalSet, Slice, Switch, _StatementList
     from amaranth.hdl._mem import MemoryInstance
     from amaranth.sim import pysim as _pysim
     from amaranth.sim._pyrtl import PyRTLProcess, _FragmentCompiler
@@ -182,10 +182,50 @@ if _AVAILABLE:
         del fragment.statements[domain_name]
         for k, body in _project(stmts, part_of, part_of_check).items():
             part = Fragment()
-            part.add_statements(domain_name, body)
+            part.add_statements(domain_name, _one_assign(body) if domain_name == "comb" else body)
             if domain_name != "comb":
                 part.domains[domain_name] = fragment.domains[domain_name]     # its clock and reset
             fragment.add_subfragment(part, f"{domain_name}_part{k}")
+
+    def _one_assign(body):
+        """`body` as one Assign of a Cat when it assigns one signal slice by slice (constant, disjoint slices,
+        the rest of the signal at its initial value): pysim then builds the signal once instead of masking
+        every slice into the whole width (the systolic array's 64 accumulators of the fast chip, 2,048 bits).
+        Each slice gets its right-hand side cut or extended to its width as the Assign would; otherwise
+        `body` as it is."""
+        if not body or not all(isinstance(stmt, Assign) for stmt in body):
+            return body
+        slices = [_bits(stmt.lhs) for stmt in body]
+        if not all(isinstance(lhs, Slice) and isinstance(lhs.value, Signal) for lhs in slices):
+            return body
+        signal = slices[0].value
+        if len(body) < 2 or any(lhs.value is not signal for lhs in slices):
+            return body
+        spans = sorted(((lhs.start, lhs.stop, stmt.rhs) for lhs, stmt in zip(slices, body)), key=lambda x: x[0])
+        if any(a[1] > b[0] for a, b in zip(spans, spans[1:])):
+            return body                                   # overlapping slices: the later Assign wins
+        init = Const(signal.init, len(signal)).as_unsigned() if signal.init else None
+        pieces, at = [], 0
+        for start, stop, rhs in spans:
+            if start > at:
+                pieces.append(init[at:start] if init is not None else Const(0, start - at))
+            width, rhs = stop - start, Value.cast(rhs)
+            if len(rhs) >= width:
+                pieces.append(rhs.as_unsigned()[:width])
+            elif rhs.shape().signed:
+                pieces.append(Cat(rhs, rhs[-1].replicate(width - len(rhs))))
+            else:
+                pieces.append(Cat(rhs, Const(0, width - len(rhs))))
+            at = stop
+        if at < len(signal):
+            pieces.append(init[at:] if init is not None else Const(0, len(signal) - at))
+        return [signal.eq(Cat(*pieces))]
+
+    def _bits(lhs):
+        """The left-hand side `lhs` without its as_signed/as_unsigned views (assigning them assigns the bits)."""
+        while isinstance(lhs, Operator) and lhs.operator in ("s", "u"):
+            lhs = lhs.operands[0]
+        return lhs
 
     def _leaves(stmt):
         """The statements of `stmt` other than Switches, nested ones included."""
