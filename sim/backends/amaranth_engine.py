@@ -32,6 +32,12 @@ from __future__ import annotations
 
 __all__ = ["SkipIdleEngine", "engine_class"]
 
+import threading
+
+# SkipIdleEngine swaps a module-level name of pysim while it builds: one build at a time (the server builds a
+# simulator per chip, possibly on several threads)
+_BUILD_LOCK = threading.Lock()
+
 try:
     from amaranth.hdl import Cat, Const, Fragment, Signal, Value
     from amaranth.hdl._ast import Assign, Operator, Print, Property, SignalDict, SignalSet, Slice, Switch, _StatementList
@@ -267,8 +273,8 @@ if _AVAILABLE:
 
         def __init__(self, design):
             # pysim builds its processes with the module-level name `_FragmentCompiler`; the recording
-            # subclass stands in for it while the base class compiles the design (construction is
-            # single-threaded, and the name is put back whatever happens)
+            # subclass stands in for it while the base class compiles the design (one construction at a
+            # time, under _BUILD_LOCK, and the name is put back whatever happens)
             compiler = {}
 
             def recording(state):
@@ -276,11 +282,12 @@ if _AVAILABLE:
                 return compiler["made"]
 
             _split(design.fragment, self.split_clocked)
-            _pysim._FragmentCompiler = recording
-            try:
-                super().__init__(design)
-            finally:
-                _pysim._FragmentCompiler = _FragmentCompiler
+            with _BUILD_LOCK:                    # simulators built on several threads (the server's chips)
+                _pysim._FragmentCompiler = recording
+                try:
+                    super().__init__(design)
+                finally:
+                    _pysim._FragmentCompiler = _FragmentCompiler
             self._queue = set()                  # the compiled processes to run in the next delta cycle
             self._edges = []                     # the stale sets of the clocks that had an active edge
             self._guarded = []                   # (process, its clock's stale set)
