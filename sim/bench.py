@@ -487,8 +487,9 @@ def build_parser() -> Parser:
                         "simulators; without --chip the resident chip is the preset fast")
     p.add_argument("--serve", action="store_true",
                    help="instead: the serving targets of sim.serve as ratios (batch 1/2/4/8 throughput, paging "
-                        "vs contiguous concurrency, prefix-cache row cut), on the reference machine; with --url, "
-                        "the load generator against a running server")
+                        "vs contiguous concurrency, prefix-cache row cut) and the resident cycles per generated "
+                        "token at max batch 4 and 8 (on --chip if it has GATHER/SCATTER, else on fast), on the "
+                        "reference machine; with --url, the load generator against a running server")
     p.add_argument("--trace", type=output_file, default=None, metavar="FILE.json",
                    help="also write a timeline to FILE.json (Chrome trace-event JSON for ui.perfetto.dev or "
                         "chrome://tracing) of the workload's programs, the same every simulator runs (the decode's "
