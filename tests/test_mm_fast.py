@@ -416,16 +416,10 @@ def _chip_program(cfg):
 @pytest.mark.parametrize("spec", ["array=8,mm_load=4,gather=1,ext_words=16384,mm_rq=1,vadd_ports=2,mm_pack=1",
                                   "array=8,mm_load=4,gather=1,ext_words=16384,mm_rq=1,vadd_ports=2,mm_pack=1,mm_overlap=1", "mm_overlap=1,mm_pack=1"])
 def test_directed_program_on_the_amaranth_chip_equals_the_reference(spec):
-    from sim.backends import first_difference, get_backend
+    from chipbench import amaranth_chip_equals_reference
     cfg = parse_chip(spec)
     prog = [isa.encode(i) for i in _chip_program(cfg)]
-    rng = random.Random(spec)
-    image = [rng.choice((rng.getrandbits(32), rng.randint(-128, 127) & 0xFFFFFFFF)) for _ in range(2048)]
-    want = ReferenceMachine(config=cfg).run(prog, image, 3)
-    got = get_backend("amaranth", config=cfg).run(prog, image, 3)
-    assert first_difference(want, got) is None
-    assert want.counters[1] == sum(isa.busy_cycles(w, 3, cfg) for w in prog
-                                   if isa.operands(w)["op"] in (Op.MM, Op.RQC))
+    amaranth_chip_equals_reference(cfg, prog, spec, 1, (Op.MM, Op.RQC))
 
 
 def test_fuzz_mix_on_verilator_equals_the_reference():

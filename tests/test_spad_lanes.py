@@ -330,7 +330,7 @@ def _fields(ins):
 def test_program_on_the_amaranth_chip_equals_the_reference():
     """MMs of several shapes (lane writes at every alignment, C over its operands) between the other
     writing units (RQ, VADD, AMAX, LD: lane 0 only, through PortOwner) on fast,spad_lanes=4."""
-    from sim.backends import first_difference, get_backend
+    from chipbench import amaranth_chip_equals_reference
     cfg = LANES4
     prog = [isa.ld(0, 0, 1024), isa.ld(1024, 1024, 600), isa.rqc(11_534_336, 34, 0),
             isa.mm(3001, 0, 1024, 8, 16, 8, ldb=2, pb=1, rq=1),
@@ -343,10 +343,4 @@ def test_program_on_the_amaranth_chip_equals_the_reference():
             isa.mm(1040, 1040, 1060, 5, 3, 3, lda=2, ldb=1),             # over its own A operand
             isa.st(3000, 1500, 500), isa.st(1024, 1000, 400), isa.halt()]
     words = [isa.encode(i) for i in prog]
-    rng = random.Random(5)
-    image = [rng.choice((rng.getrandbits(32), rng.randint(-128, 127) & 0xFFFFFFFF)) for _ in range(2048)]
-    want = ReferenceMachine(config=cfg).run(words, image, 3)
-    got = get_backend("amaranth", config=cfg).run(words, image, 3)
-    assert first_difference(want, got) is None
-    assert want.counters[1] == sum(isa.busy_cycles(w, 3, cfg) for w in words
-                                   if isa.operands(w)["op"] in (Op.MM, Op.RQC))
+    amaranth_chip_equals_reference(cfg, words, 5, 1, (Op.MM, Op.RQC))

@@ -7,7 +7,6 @@ import random
 from dataclasses import replace
 
 import pytest
-from amaranth.hdl import Module
 from amaranth.sim import Simulator
 
 from hdl import isa
@@ -253,7 +252,7 @@ def test_program_on_the_amaranth_chip_equals_the_reference():
     (whose drain shares the write lanes) and the one-lane units, through PortOwner, on
     fast,mm_pack_c=1,spad_lanes=4,vec_lanes=4: the Amaranth chip gives the reference machine's words and
     counters."""
-    from sim.backends import first_difference, get_backend
+    from chipbench import amaranth_chip_equals_reference
     cfg = VEC4
     prog = [isa.ld(0, 0, 300), isa.rqc(11_534_336, 34, 0),
             isa.rq(401, 1, 37, 11_534_336, 30, 0),
@@ -265,10 +264,4 @@ def test_program_on_the_amaranth_chip_equals_the_reference():
             isa.vadd(801, 801, 502, 9),                     # in place
             isa.st(0, 400, 500), isa.halt()]
     words = [isa.encode(i) for i in prog]
-    rng = random.Random(6)
-    image = [rng.choice((rng.getrandbits(32), rng.randint(-128, 127) & 0xFFFFFFFF)) for _ in range(2048)]
-    want = ReferenceMachine(config=cfg).run(words, image, 3)
-    got = get_backend("amaranth", config=cfg).run(words, image, 3)
-    assert first_difference(want, got) is None
-    assert want.counters[3] == sum(isa.busy_cycles(w, 3, cfg) for w in words
-                                   if isa.operands(w)["op"] in (Op.RQ, Op.VADD, Op.AMAX))
+    amaranth_chip_equals_reference(cfg, words, 6, 3, (Op.RQ, Op.VADD, Op.AMAX))
