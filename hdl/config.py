@@ -103,6 +103,13 @@ class ChipConfig:
         each source and writing l of the result a cycle, so B = ceil(len/l) + 2 (+ rq_pipe for RQ)
         (``hdl.isa.rq_busy_cycles``, ``vadd_busy_cycles``). Needs ``spad_lanes`` >= vec_lanes and
         ``vadd_ports`` = 2.
+    mm_bcast : int
+        1 broadcasts each A element along its row of the systolic array instead of passing it from PE to
+        PE (``docs/mm-bcast.md``): every column sees k in the same cycle, so a row of C is final at once
+        and the drain's first write no longer waits for the array's last column (``3 + N - G`` becomes
+        ``3`` in ``hdl.isa.mm_busy_cycles``). Same words, fewer cycles. Needs ``spad_lanes`` > 1 (with
+        one drain lane the column skew costs nothing). 0, the book's chip and every preset, keeps the
+        book's array.
     """
 
     array: int = 4
@@ -125,6 +132,7 @@ class ChipConfig:
     mm_pack_c: int = 0
     spad_lanes: int = 1
     vec_lanes: int = 1
+    mm_bcast: int = 0
 
     def __post_init__(self):
         for f in fields(self):
@@ -188,6 +196,11 @@ class ChipConfig:
         if self.vec_lanes > 1 and self.vadd_ports != 2:
             raise ValueError(f"ChipConfig vec_lanes = {self.vec_lanes} needs vadd_ports=2 (VADD reads both "
                              f"sources' lanes at once), not vadd_ports={self.vadd_ports}")
+        if self.mm_bcast not in (0, 1):
+            raise ValueError(f"ChipConfig mm_bcast must be 0 or 1, not {self.mm_bcast}")
+        if self.mm_bcast and self.spad_lanes == 1:
+            raise ValueError(f"ChipConfig mm_bcast = {self.mm_bcast} needs spad_lanes > 1 (with one drain lane "
+                             f"the array's column skew costs no cycle), not spad_lanes={self.spad_lanes}")
 
     # ---- derived widths and limits -----------------------------------------------------------------
     @property

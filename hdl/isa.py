@@ -612,13 +612,23 @@ def mm_busy_cycles(M: int, K: int, N: int, cfg: ChipConfig, tb: int = 0, pb: int
 
     With ``pc`` the groups are the same (l results a cycle, their bytes packed into the word they
     belong to, the word written in the cycle of its last group), so `pc` changes nothing here either.
+
+    A broadcast array (``cfg.mm_bcast``, docs/mm-bcast.md, which derives it): every PE of row m takes
+    A[m][k] in the same cycle and every column B[k] unskewed, so the whole row is final when its first
+    column is. The columns of B's last group of a k are staged cB - 1 cycles after its first, so the
+    array starts that much later, and the first write waits for it instead of the N - G cycles of the
+    row's last group::
+
+        B = (K-1)*C + max(2 + cB, C - 1) + M*G + 1 + RQ_PIPE_CYCLES*rq*cfg.rq_pipe
     """
     L = cfg.mm_load
     groups_b = mm_b_groups(N, cfg, pb, tb)
     if cfg.mm_overlap:
         c = max(-(-M // L), groups_b)
         g = -(-N // cfg.spad_lanes)         # drain groups a row: N when spad_lanes = 1
-        return (K - 1) * c + max(3 + N - g, c - 1) + M * g + 1 + RQ_PIPE_CYCLES * rq * cfg.rq_pipe
+        # the wait for row 0's last group to be final: its skew, or on a broadcast array B's last group
+        skew = groups_b - 1 if cfg.mm_bcast else N - g
+        return (K - 1) * c + max(3 + skew, c - 1) + M * g + 1 + RQ_PIPE_CYCLES * rq * cfg.rq_pipe
     groups_k = -(-K // L)
     return M * groups_k + K * groups_b + (K + M + N - 2) + M * N + 7
 

@@ -5,6 +5,10 @@ edge j when i = 0), both used directly without an input register. At each edge i
 their signed 8x8 product to a 32-bit wrapping accumulator; `clr` zeroes accumulators and pass-throughs.
 Fed skewed (a_edge[i] = A[i][t-i], b_edge[j] = B[t-j][j] in cycle t), PE(i,j) holds
 sum_{k <= t-i-j} A[i][k] B[k][j] after edge t.
+
+With ``config.mm_bcast`` (docs/mm-bcast.md) row edge i goes to every PE of row i at once (no A
+pass-through registers): fed a_edge[i] = A[i][t-i] and b_edge[j] = B[t][j] (no column skew), PE(i,j) holds
+sum_{k <= t-i} A[i][k] B[k][j] after edge t, so a row is final in one cycle.
 """
 from amaranth.hdl import Module, Signal, signed
 from amaranth.lib import data, wiring
@@ -31,7 +35,7 @@ class SystolicArray(wiring.Component):
     clr : In(1)
         Synchronous clear of every accumulator and every pass-through register.
     a_edge : In(ArrayLayout(signed(8), n))
-        Element i enters row i at PE(i,0).
+        Element i enters row i at PE(i,0), or with ``config.mm_bcast`` every PE of row i.
     b_edge : In(ArrayLayout(signed(8), n))
         Element j enters column j at PE(0,j).
     c : Out(ArrayLayout(signed(32), n*n))
@@ -47,6 +51,7 @@ class SystolicArray(wiring.Component):
         n = config.array if n is None else n
         check_int(self, "n", n, 1)
         self._n = n
+        self._bcast = config.mm_bcast
         super().__init__({
             "clr":    In(1),
             "a_edge": In(data.ArrayLayout(signed(8), n)),
@@ -78,12 +83,15 @@ class SystolicArray(wiring.Component):
         for i in range(n):
             for j in range(n):
                 pe = i * n + j
-                a_in = self.a_edge[i] if j == 0 else a_out[pe - 1]
+                a_in = self.a_edge[i] if j == 0 or self._bcast else a_out[pe - 1]
                 b_in = self.b_edge[j] if i == 0 else b_out[pe - n]
                 # The 16-bit signed product added into 32 bits; .eq truncates the sum (wrap).
-                m.d.comb += [a_nxt[pe].eq(a_in), b_nxt[pe].eq(b_in), acc_nxt[pe].eq(acc[pe] + a_in * b_in)]
+                a_pass = [] if self._bcast else [a_nxt[pe].eq(a_in)]
+                m.d.comb += [*a_pass, b_nxt[pe].eq(b_in), acc_nxt[pe].eq(acc[pe] + a_in * b_in)]
+        # a broadcast array has no A pass-through registers (docs/mm-bcast.md)
+        regs = [(b_out, b_nxt), (acc, acc_nxt)] if self._bcast else [(a_out, a_nxt), (b_out, b_nxt), (acc, acc_nxt)]
         with m.If(self.clr):
-            m.d.sync += [a_out.eq(0), b_out.eq(0), acc.eq(0)]
+            m.d.sync += [r.eq(0) for r, _ in regs]
         with m.Else():
-            m.d.sync += [a_out.eq(a_nxt), b_out.eq(b_nxt), acc.eq(acc_nxt)]
+            m.d.sync += [r.eq(d) for r, d in regs]
         return m

@@ -59,16 +59,19 @@ def test_port_signature():
 def _busy_by_schedule(M, K, N, cfg, pb=0, rq=0):
     """B of the overlapped MM counted from its constraints (docs/spad-lanes.md), not from the formula:
     group (m, g) of G = ceil(N/l) a row goes out in cycle X0 + m*G + g; PE(m, n) is final from S + K + m
-    + n on, every operand is read by K*C - 1 (the first write may be in that cycle: read-before-write);
-    X0 is the least cycle meeting both for every group, done one cycle after the last write."""
+    + n on (S + K + m on a broadcast array, docs/mm-bcast.md), every operand is read by K*C - 1 (the
+    first write may be in that cycle: read-before-write); X0 is the least cycle meeting both for every
+    group, done one cycle after the last write."""
     lanes, L = cfg.spad_lanes, cfg.mm_load
-    c = max(-(-M // L), isa.mm_b_groups(N, cfg, pb))
-    s = (K - 1) * (c - 1) + 2
+    c_b = isa.mm_b_groups(N, cfg, pb)
+    c = max(-(-M // L), c_b)
+    # the array's first cycle; a broadcast array waits for B's last group of the first k (docs/mm-bcast.md)
+    s = (K - 1) * (c - 1) + 2 + (c_b - 1 if cfg.mm_bcast else 0)
     groups = -(-N // lanes)
     x0 = K * c - 1
     for m in range(M):
         for g in range(groups):
-            last_n = min(g * lanes + lanes, N) - 1
+            last_n = 0 if cfg.mm_bcast else min(g * lanes + lanes, N) - 1
             x0 = max(x0, s + K + m + last_n - (m * groups + g))
     return x0 + M * groups + 1 + RQ_PIPE_CYCLES * rq * cfg.rq_pipe
 
@@ -292,6 +295,12 @@ def test_unit_write_cycles(cfg):
     """docs/spad-lanes.md's drain, stated outright: group (m, g) goes out in W(X0 + 1 + m*G + g + rq_pipe*rq)
     at dst + m*ldc + g*l with lanes n < N on; with pc one word, lane 0 only, in the cycle of the word's
     last group, at dst + m*ldc + n // 4. Nothing else is written; done the cycle after the last write."""
+    check_write_cycles(cfg)
+
+
+def check_write_cycles(cfg):
+    """`test_unit_write_cycles` on the chip `cfg`: X0 = (K-1)*C + max(3 + N - G, C - 1), or with a broadcast
+    array max(3, C - 1) (docs/mm-bcast.md)."""
     lanes, L = cfg.spad_lanes, cfg.mm_load
     cases = [((1 << 23, 16, 0), isa.mm(4000, 100, 2000, 4, 16, 8, ldb=2, ldc=9, pb=1, rq=1)),
              ((1 << 23, 16, 1), isa.mm(4093, 4090, 7, 3, 6, 7, lda=11, ldc=7, rq=1)),
@@ -303,7 +312,8 @@ def test_unit_write_cycles(cfg):
         M, K, N, pc = o["M"], o["K"], o["N"], o["pc"]
         C = max(-(-M // L), isa.mm_b_groups(N, cfg, o["pb"], o["tb"]))
         G = -(-N // lanes)
-        x0 = (K - 1) * C + max(3 + N - G, C - 1)
+        c_b = isa.mm_b_groups(N, cfg, o["pb"], o["tb"])
+        x0 = (K - 1) * C + max(3 + (c_b - 1 if cfg.mm_bcast else N - G), C - 1)
         late = cfg.rq_pipe * o["rq"]
         want = []
         for m in range(M):

@@ -59,6 +59,12 @@ Drain lanes (``config.spad_lanes`` = l > 1, overlapped only; docs/spad-lanes.md)
 through its own requantizer with rq; with pc the group's bytes go into their word, written whole by lane 0
 in its last group's cycle), from X0 = (K-1)*C + max(3 + N - G, C - 1), G = ceil(N/l): B = X0 + M*G + 1
 (+ rq_pipe with rq). With l = 1 none of it exists.
+
+The broadcast array (``config.mm_bcast``, on a drain-lanes chip only; docs/mm-bcast.md): A[m][k] reaches
+every PE of row m in the same cycle and column n takes B[k][n] with no column skew, read through one more
+port of the operand memories at t, so row m is final in one cycle. The array starts cB - 1 cycles later
+(S = (K-1)*(C-1) + 1 + cB, cB = B's groups a k: the last group of a k must be staged when every column
+takes it), and X0 = (K-1)*C + max(2 + cB, C - 1): B = X0 + M*G + 1 (+ rq_pipe with rq).
 """
 from amaranth.hdl import Cat, Const, Module, Mux, Signal, signed
 from amaranth.lib import data
@@ -152,7 +158,8 @@ class MatrixUnit(SpadUnit):
         m.submodules.opmem = opmem = Memory(shape=data.ArrayLayout(signed(8), 2 * n_arr * L),
                                             depth=max(1, cfg.row_depth // L), init=[])
         wr = opmem.write_port(granularity=1)
-        rd = [opmem.read_port(domain="comb") for _ in range(n_arr)]
+        # a broadcast array (docs/mm-bcast.md) reads every column's B at one k: one more port, at t
+        rd = [opmem.read_port(domain="comb") for _ in range(n_arr + cfg.mm_bcast)]
 
         # Operands, latched at E0.
         opr = self.operand_register()
@@ -440,7 +447,10 @@ class MatrixUnit(SpadUnit):
     def scope_of(cls, cfg):
         """"mm"; "mm_rq" on an mm_rq chip, "mm_rq_pipe" on one with rq_pipe too; "mm_fast" on an mm_pack or
         mm_overlap chip without mm_rq; "mm_pack_c" on an mm_pack_c chip (docs/mm-pack-c.md); "mm_lanes" on a chip
-        with drain lanes (``spad_lanes`` > 1, docs/spad-lanes.md)."""
+        with drain lanes (``spad_lanes`` > 1, docs/spad-lanes.md); "mm_bcast" with a broadcast array too
+        (docs/mm-bcast.md)."""
+        if cfg.mm_bcast:
+            return "mm_bcast"
         if cfg.spad_lanes > 1:
             return "mm_lanes"
         if cfg.mm_pack_c:
@@ -516,7 +526,7 @@ class MatrixUnit(SpadUnit):
             last = (opr.rq if cfg.mm_rq else 0) * (RQ_PIPE_CYCLES * cfg.rq_pipe)
             if cfg.spad_lanes > 1:
                 groups = (N + (cfg.spad_lanes - 1)) >> (cfg.spad_lanes.bit_length() - 1)
-                late = 3 + N - groups
+                late = 2 + groups_b if cfg.mm_bcast else 3 + N - groups      # docs/mm-bcast.md
                 return (K - 1) * c + Mux(c - 1 > late, c - 1, late) + M * groups + 1 + last
             return (K - 1) * c + Mux(c > 4, c - 1, 3) + M * N + 1 + last
         return M * ((K + (L - 1)) >> lg) + K * groups_b + (K + M + N - 2) + M * N + 7
@@ -576,13 +586,28 @@ class MatrixUnit(SpadUnit):
                 fed.append((rd[i].data.as_value().word_select(i * L + sub, 8).as_signed(),
                             rd[i].data.as_value().word_select((n_arr + i) * L + sub, 8).as_signed()))
 
-        # Skewed feed: row i gets A[i][t-i] and column i gets B[t-i][i] while they exist, else 0.
+        if cfg.mm_bcast:
+            # A broadcast along the rows (docs/mm-bcast.md): column i gets B[t][i], every column the same
+            # k, through the extra read port at t; A stays skewed by rows.
+            port = rd[n_arr]
+            if L == 1:
+                m.d.comb += port.addr.eq(t)
+                b_fed = [port.data[n_arr + i] for i in range(n_arr)]
+            else:
+                k_b = Signal(range(cfg.row_depth), name="k_feed_b")
+                m.d.comb += [k_b.eq(t), port.addr.eq(k_b >> lg_load)]
+                b_fed = [port.data.as_value().word_select((n_arr + i) * L + k_b[:lg_load], 8).as_signed()
+                         for i in range(n_arr)]
+            fed = [(a, b) for (a, _), b in zip(fed, b_fed)]
+
+        # Skewed feed: row i gets A[i][t-i] and column i gets B[t-i][i] (B[t][i] when broadcast) while they
+        # exist, else 0.
         running = Signal()
         for i in range(n_arr):
             in_k = (t < K) if i == 0 else (t >= i) & (t - i < K)
             m.d.comb += [
                 array.a_edge[i].eq(Mux(running & (i < M) & in_k, fed[i][0], 0)),
-                array.b_edge[i].eq(Mux(running & (i < N) & in_k, fed[i][1], 0)),
+                array.b_edge[i].eq(Mux(running & (i < N) & ((t < K) if cfg.mm_bcast else in_k), fed[i][1], 0)),
             ]
         return running
 
@@ -713,12 +738,20 @@ class MatrixUnit(SpadUnit):
         if cfg.spad_lanes > 1:
             # drain lanes (docs/spad-lanes.md): X0 = (K-1)*C + max(3 + N - G, C - 1), G = ceil(N/lanes)
             late_i = Signal(range(n_arr + 4), name="late_i")
-            m.d.comb += late_i.eq(3 + N_i - ((N_i + (cfg.spad_lanes - 1)) >> (cfg.spad_lanes.bit_length() - 1)))
+            if cfg.mm_bcast:
+                # a broadcast array's row is final at once, but its start waits cB - 1 cycles for B's last
+                # group of a k (docs/mm-bcast.md): X0 = (K-1)*C + max(2 + cB, C - 1)
+                m.d.comb += late_i.eq(2 + c_b_i)
+            else:
+                m.d.comb += late_i.eq(3 + N_i - ((N_i + (cfg.spad_lanes - 1)) >> (cfg.spad_lanes.bit_length() - 1)))
             first_i, slack = Mux(c_i - 1 > late_i, c_i - 1, late_i), 3
         else:
             first_i, slack = Mux(c_i > 4, c_i - 1, 3), 0
         x_out = Signal(range(span + n_arr + 1 + slack), name="x_out")
-        sched = [c_a.eq(c_a_i), c_b.eq(c_b_i), c.eq(c_i), s_run.eq(prod - km1 + 2),
+        # S = (K-1)*(C-1) + 2, or + cB - 1 on a broadcast array: every column takes k at once, B's last
+        # group of a k too (docs/mm-bcast.md)
+        start = prod - km1 + (1 + c_b_i if cfg.mm_bcast else 2)
+        sched = [c_a.eq(c_a_i), c_b.eq(c_b_i), c.eq(c_i), s_run.eq(start),
                  x_out.eq(prod + first_i)]
         # x runs to the last write, X0 + M*N - 1; t = x - S, as wide (no wrap back into 0..K+M+N-3)
         x = Signal(range(span + n_arr + n_arr * n_arr + 2 + slack), name="x")

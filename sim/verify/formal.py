@@ -92,7 +92,8 @@ def _unit_chips():
     overlapped, fused, piped MM unit with a packed C and a packed transposed B (docs/mm-pack-c.md); the same
     with two drain lanes (docs/spad-lanes.md, scope mm_lanes: two requantizers, a packed word's half held);
     RQ and VADD with two vector lanes (docs/vec-lanes.md, scopes rq_lanes with two piped requantizers and
-    vadd_lanes: four read words and two written a cycle).
+    vadd_lanes: four read words and two written a cycle); the drain-lanes MM unit with a broadcast array
+    (docs/mm-bcast.md, scope mm_bcast: every column takes k at once, the start later by B's groups).
     Every unit of the presets has its scope among theirs (tests/test_formal.py)."""
     from dataclasses import replace
 
@@ -102,7 +103,8 @@ def _unit_chips():
             replace(BOOK, mm_rq=1, mm_overlap=1, rq_pipe=1), replace(BOOK, vadd_ports=2), replace(BOOK, sm_div=4),
             replace(BOOK, mm_rq=1, mm_pack=1, mm_overlap=1, rq_pipe=1, mm_pack_c=1),
             replace(BOOK, mm_rq=1, mm_pack=1, mm_overlap=1, rq_pipe=1, mm_pack_c=1, spad_lanes=2),
-            replace(BOOK, vadd_ports=2, mm_overlap=1, rq_pipe=1, spad_lanes=2, vec_lanes=2))
+            replace(BOOK, vadd_ports=2, mm_overlap=1, rq_pipe=1, spad_lanes=2, vec_lanes=2),
+            replace(BOOK, mm_rq=1, mm_pack=1, mm_overlap=1, rq_pipe=1, mm_pack_c=1, spad_lanes=2, mm_bcast=1))
 
 
 UNIT_CHIPS = _unit_chips()
