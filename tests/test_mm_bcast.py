@@ -9,24 +9,25 @@ import pytest
 from amaranth.sim import Simulator
 
 from hdl import isa
-from hdl.config import BOOK, PRESETS, ChipConfig, ChipSpecError, parse_chip
+from hdl.config import BOOK, ChipConfig, ChipSpecError, parse_chip
 from hdl.isa import Op
 from hdl.systolic import SystolicArray
 from sim.backends.reference import ReferenceMachine
+from chipbench import FAST_PRE_LANES, fast_with
 from test_spad_lanes import TINY, _busy_by_schedule, _cases, _run_unit, check_write_cycles
 
-BCAST4 = parse_chip("fast,mm_pack_c=1,spad_lanes=4,mm_bcast=1")
-BCAST2 = parse_chip("fast,spad_lanes=2,mm_bcast=1")
+BCAST4 = fast_with(mm_pack_c=1, spad_lanes=4, mm_bcast=1)
+BCAST2 = fast_with(spad_lanes=2, mm_bcast=1)
 # the candidate serving chip with its vector lanes; the book's 4x4 array; a 2x2 array with more lanes than columns
-SERVE = parse_chip("fast,mm_pack_c=1,spad_lanes=4,vec_lanes=4,mm_bcast=1")
+SERVE = fast_with(mm_pack_c=1, spad_lanes=4, vec_lanes=4, mm_bcast=1)
 SMALL = replace(BOOK, mm_overlap=1, spad_lanes=2, mm_bcast=1)
 TINYB = replace(TINY, mm_bcast=1)
 
 
 # ---- configuration -------------------------------------------------------------------------------
 
-def test_presets_keep_the_book_array():
-    assert BOOK.mm_bcast == 0 and all(p.mm_bcast == 0 for p in PRESETS.values())
+def test_book_keeps_its_array():
+    assert BOOK.mm_bcast == 0 and FAST_PRE_LANES.mm_bcast == 0
     assert BCAST4.mm_bcast == 1 and BCAST4.generated
 
 
@@ -35,17 +36,17 @@ def test_bad_value_names_it(value):
     with pytest.raises(ValueError, match=f"mm_bcast must be 0 or 1, not {value}"):
         ChipConfig(mm_overlap=1, spad_lanes=2, mm_bcast=value)
     with pytest.raises(ChipSpecError, match=f"mm_bcast must be 0 or 1, not {value}"):
-        parse_chip(f"fast,spad_lanes=2,mm_bcast={value}")
+        parse_chip(f"fast,vec_lanes=1,spad_lanes=2,mm_bcast={value}")
 
 
 def test_needs_drain_lanes():
     with pytest.raises(ChipSpecError, match="mm_bcast = 1 needs spad_lanes > 1.*not spad_lanes=1"):
-        parse_chip("fast,mm_bcast=1")
+        parse_chip("fast,vec_lanes=1,spad_lanes=1,mm_bcast=1")
 
 
 # ---- the cycle formula ---------------------------------------------------------------------------
 
-@pytest.mark.parametrize("cfg", [BCAST4, BCAST2, SERVE, SMALL, TINYB, parse_chip("fast,rq_pipe=0,spad_lanes=4,mm_bcast=1")],
+@pytest.mark.parametrize("cfg", [BCAST4, BCAST2, SERVE, SMALL, TINYB, fast_with(rq_pipe=0, spad_lanes=4, mm_bcast=1)],
                          ids=["bcast4", "bcast2", "serve", "small", "tiny", "nopipe"])
 def test_formula_is_the_schedule(cfg):
     """hdl.isa.mm_busy_cycles against the schedule counted group by group with a row final at once."""
@@ -60,7 +61,7 @@ def test_formula_is_the_schedule(cfg):
 
 def test_formula_examples():
     """docs/mm-bcast.md's serving shapes (packed B, rq): K = 16, N = 8 saves N - G = 6 cycles at any M."""
-    lanes = parse_chip("fast,mm_pack_c=1,spad_lanes=4")
+    lanes = fast_with(mm_pack_c=1, spad_lanes=4)
     got = [(isa.mm_busy_cycles(M, 16, 8, lanes, pb=1, rq=1), isa.mm_busy_cycles(M, 16, 8, BCAST4, pb=1, rq=1))
            for M in (1, 4, 8)]
     assert got == [(28, 22), (34, 28), (57, 51)]
@@ -68,7 +69,7 @@ def test_formula_examples():
 
 def test_reference_takes_the_formula():
     """Same words on the broadcast chip as on the skewed one, MM's counter smaller by the formulas' difference."""
-    lanes = parse_chip("fast,mm_pack_c=1,spad_lanes=4")
+    lanes = fast_with(mm_pack_c=1, spad_lanes=4)
     rng = random.Random(5)
     spad = [rng.getrandbits(32) for _ in range(lanes.spad_depth)]
     prog = [isa.rqc(1 << 23, 20, 0), isa.mm(3000, 0, 1000, 4, 16, 8, ldb=2, pb=1, rq=1),

@@ -18,6 +18,7 @@ from hdl.isa import Op, operands
 from sim.backends import first_difference
 from sim.backends.reference import ReferenceMachine
 from sim.verify.progen import Knobs, random_program
+from chipbench import FAST_PRE_LANES
 
 FAST = PRESETS["fast"]
 PIPED = replace(BOOK, rq_pipe=1)
@@ -37,7 +38,7 @@ def test_bad_rq_pipe_names_the_value(value):
 def test_the_parameter_in_specs_and_presets():
     assert BOOK.rq_pipe == 0 and FAST.rq_pipe == 1
     assert PIPED.spec() == "rq_pipe=1" and parse_chip("rq_pipe=1") == PIPED
-    assert parse_chip("fast,rq_pipe=0").spec() == ("array=8,mm_load=4,ext_words=16384,gather=1,mm_rq=1,"
+    assert replace(FAST_PRE_LANES, rq_pipe=0).spec() == ("array=8,mm_load=4,ext_words=16384,gather=1,mm_rq=1,"
                                                    "vadd_ports=2,mm_pack=1,mm_overlap=1,prefetch=1,sm_div=4")
 
 

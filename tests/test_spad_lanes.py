@@ -11,15 +11,16 @@ from amaranth.hdl import Module
 from amaranth.sim import Simulator
 
 from hdl import isa
-from hdl.config import BOOK, PRESETS, ChipConfig, ChipSpecError, parse_chip
+from hdl.config import BOOK, ChipConfig, ChipSpecError, parse_chip
 from hdl.isa import RQ_PIPE_CYCLES, Op
 from hdl.scratchpad import Scratchpad, SpadPort
 from sim.backends.reference import ReferenceMachine
+from chipbench import FAST_PRE_LANES, fast_with
 
-LANES4 = parse_chip("fast,spad_lanes=4")
-LANES2 = parse_chip("fast,spad_lanes=2")
-PACK_C4 = parse_chip("fast,mm_pack_c=1,spad_lanes=4")
-PACK_C2 = parse_chip("fast,mm_pack_c=1,spad_lanes=2")
+LANES4 = fast_with(spad_lanes=4)
+LANES2 = fast_with(spad_lanes=2)
+PACK_C4 = fast_with(mm_pack_c=1, spad_lanes=4)
+PACK_C2 = fast_with(mm_pack_c=1, spad_lanes=2)
 # the book's 4x4 array, overlapped, no requantizer; and a 2x2 array with more lanes than columns
 SMALL4 = replace(BOOK, mm_overlap=1, spad_lanes=4)
 TINY = replace(BOOK, array=2, mm_load=2, mm_overlap=1, mm_pack=1, spad_lanes=4)
@@ -27,8 +28,8 @@ TINY = replace(BOOK, array=2, mm_load=2, mm_overlap=1, mm_pack=1, spad_lanes=4)
 
 # ---- configuration -------------------------------------------------------------------------------
 
-def test_presets_keep_one_lane():
-    assert BOOK.spad_lanes == 1 and all(p.spad_lanes == 1 for p in PRESETS.values())
+def test_book_keeps_one_lane():
+    assert BOOK.spad_lanes == 1 and FAST_PRE_LANES.spad_lanes == 1
     assert LANES4.spad_lanes == 4 and LANES4.generated
 
 
@@ -37,7 +38,7 @@ def test_bad_value_names_it(value):
     with pytest.raises(ValueError, match=f"spad_lanes must be 1, 2 or 4, not {value}"):
         ChipConfig(mm_overlap=1, spad_lanes=value)
     with pytest.raises(ChipSpecError, match=f"spad_lanes must be 1, 2 or 4, not {value}"):
-        parse_chip(f"fast,spad_lanes={value}")
+        parse_chip(f"fast,vec_lanes=1,spad_lanes={value}")
 
 
 def test_needs_mm_overlap():
@@ -76,8 +77,8 @@ def _busy_by_schedule(M, K, N, cfg, pb=0, rq=0):
     return x0 + M * groups + 1 + RQ_PIPE_CYCLES * rq * cfg.rq_pipe
 
 
-@pytest.mark.parametrize("cfg", [LANES4, LANES2, PRESETS["fast"], SMALL4, TINY,
-                                 parse_chip("fast,rq_pipe=0,spad_lanes=4")],
+@pytest.mark.parametrize("cfg", [LANES4, LANES2, FAST_PRE_LANES, SMALL4, TINY,
+                                 fast_with(rq_pipe=0, spad_lanes=4)],
                          ids=["lanes4", "lanes2", "fast", "small4", "tiny", "lanes4_nopipe"])
 def test_formula_is_the_schedule(cfg):
     for M in range(1, cfg.array + 1):
@@ -91,7 +92,7 @@ def test_formula_is_the_schedule(cfg):
 
 def test_formula_examples():
     """The serving shapes of docs/spad-lanes.md: M = 4, K = 16, N = 8 with a packed B and rq."""
-    fast = PRESETS["fast"]
+    fast = FAST_PRE_LANES
     got = [isa.mm_busy_cycles(4, 16, 8, c, pb=1, rq=1) for c in (fast, LANES2, LANES4)]
     assert got == [52, 40, 34]
     # M = 1: the array's skew, not the drain, bounds it
@@ -101,8 +102,8 @@ def test_formula_examples():
 
 
 def test_reference_takes_the_formula():
-    """Same words on a lanes chip as on fast, the MM counter smaller by the formula's difference."""
-    fast = PRESETS["fast"]
+    """Same words on a lanes chip as on one lane, the MM counter smaller by the formula's difference."""
+    fast = FAST_PRE_LANES
     rng = random.Random(4)
     spad = [rng.getrandbits(32) for _ in range(fast.spad_depth)]
     prog = [isa.rqc(1 << 23, 20, 0), isa.mm(3000, 0, 1000, 4, 16, 8, ldb=2, pb=1, rq=1),

@@ -17,20 +17,21 @@ from hdl.units.rq import RequantUnit
 from hdl.units.vadd import VaddUnit
 from sim.backends.reference import ReferenceMachine
 from tests.unitbench import SPAD_DEPTH, simulate
+from chipbench import FAST_PRE_LANES, fast_with
 
-VEC4 = parse_chip("fast,mm_pack_c=1,spad_lanes=4,vec_lanes=4")
-VEC2 = parse_chip("fast,spad_lanes=2,vec_lanes=2")
+VEC4 = fast_with(mm_pack_c=1, spad_lanes=4, vec_lanes=4)
+VEC2 = fast_with(spad_lanes=2, vec_lanes=2)
 # two lanes on four banks, and the combinational requantizer (the book's RQ timing, two lanes)
-VEC2_ON4 = parse_chip("fast,spad_lanes=4,vec_lanes=2")
-VEC4_NOPIPE = parse_chip("fast,rq_pipe=0,spad_lanes=4,vec_lanes=4")
+VEC2_ON4 = fast_with(spad_lanes=4, vec_lanes=2)
+VEC4_NOPIPE = fast_with(rq_pipe=0, spad_lanes=4, vec_lanes=4)
 CHIPS = [VEC4, VEC2, VEC2_ON4, VEC4_NOPIPE]
 IDS = ["vec4", "vec2", "vec2_on4", "vec4_nopipe"]
 
 
 # ---- configuration -------------------------------------------------------------------------------
 
-def test_presets_keep_one_lane():
-    assert BOOK.vec_lanes == 1 and all(p.vec_lanes == 1 for p in PRESETS.values())
+def test_book_keeps_one_lane():
+    assert BOOK.vec_lanes == 1 and FAST_PRE_LANES.vec_lanes == 1
     assert VEC4.vec_lanes == 4 and VEC4.generated
 
 
@@ -82,7 +83,7 @@ def test_formulas_are_the_schedule(cfg):
 
 def test_formula_examples():
     """The served vectors of 32 and 48 words (docs/vec-lanes.md)."""
-    fast, vec4 = PRESETS["fast"], replace(PRESETS["fast"], mm_pack_c=0, spad_lanes=4, vec_lanes=4)
+    fast, vec4 = FAST_PRE_LANES, fast_with(spad_lanes=4, vec_lanes=4)
     assert [isa.rq_busy_cycles(n, c) for n in (32, 48) for c in (fast, vec4)] == [35, 11, 51, 15]
     assert [isa.vadd_busy_cycles(n, c) for n in (32, 48) for c in (fast, vec4)] == [34, 10, 50, 14]
 
