@@ -178,10 +178,15 @@ def critical_sources(log_text: str, root: Path | None = None) -> list[str]:
     return out
 
 
+# nextpnr-ecp5's routers (--router)
+ROUTERS = ("router1", "router2")
+
+
 def build(board: str, build_dir: Path, seed: int = 1, start: int = 0, verbose=print, config=None,
-          link: Link | None = None) -> dict:
+          link: Link | None = None, router: str = "router1") -> dict:
     """Build the bitstream for `board` in `build_dir`: the decode-step top, or with `link` the served
-    board (`hdl.board_top.BoardTop`); return the summary dict."""
+    board (`hdl.board_top.BoardTop`); return the summary dict. `router` is nextpnr's (``router1``, its
+    default, or ``router2``, which resolves congestion better on dense designs)."""
     platform = platform_for(board)
     env = toolchain_env()
     if link is None:
@@ -198,7 +203,8 @@ def build(board: str, build_dir: Path, seed: int = 1, start: int = 0, verbose=pr
     # prepare() + execute_local() instead of platform.build(): build() insists that every tool of the
     # platform is present, the programmer (openFPGALoader) included, which a build does not use.
     plan = platform.prepare(top, name=DESIGN_NAME,
-                            nextpnr_opts=f"--report nextpnr_report.json --timing-allow-fail --seed {seed}")
+                            nextpnr_opts=f"--report nextpnr_report.json --timing-allow-fail --seed {seed} "
+                                         f"--router {router}")
     verbose(f"building {DESIGN_NAME} for {board} in {build_dir} (Yosys, nextpnr-ecp5, ecppack from YoWASP)")
     t0 = time.perf_counter()
     try:
@@ -211,7 +217,7 @@ def build(board: str, build_dir: Path, seed: int = 1, start: int = 0, verbose=pr
     report = json.loads((build_dir / "nextpnr_report.json").read_text())
     summary = {"board": board, "design": DESIGN_NAME, "bitstream": str(bit),
                "bitstream_bytes": bit.stat().st_size, "build_seconds": round(seconds, 1), **what,
-               "nextpnr_seed": seed, **summarize_report(report)}
+               "nextpnr_seed": seed, "nextpnr_router": router, **summarize_report(report)}
     tim = build_dir / f"{DESIGN_NAME}.tim"
     summary["critical_path_sources"] = critical_sources(tim.read_text()) if tim.exists() else []
     return summary
@@ -245,6 +251,8 @@ def build_parser() -> Parser:
     p.add_argument("--build-dir", type=output_dir, default=os.path.join("build", "fpga"), metavar="DIR",
                    help="where amaranth writes the build and the reports (created if missing)")
     p.add_argument("--seed", type=int_range(1, 2**31 - 1), default=1, metavar="S", help="nextpnr placement seed")
+    p.add_argument("--router", choices=ROUTERS, default="router1",
+                   help="nextpnr's router: router1 (its default) or router2 (better on a congested design)")
     chip_option(p, help="the chip put on the board")
     p.add_argument("--link", type=link_spec, default=None, metavar="uart[:BAUD]",
                    help="build the served board instead of the decode step: the host link's protocol over the "
@@ -259,7 +267,7 @@ def main(argv=None) -> int:
     build_dir = Path(args.build_dir)
     toolchain_env()                     # a missing tool is named before anything is created
     make_dir(build_dir)
-    summary = build(args.board, build_dir, seed=args.seed, config=args.chip, link=args.link)
+    summary = build(args.board, build_dir, seed=args.seed, config=args.chip, link=args.link, router=args.router)
     text = format_summary(summary)
     print(text)
     write_json(build_dir / "fpga_report.json", summary)
