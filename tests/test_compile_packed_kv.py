@@ -13,17 +13,17 @@ from compiler import Graph, compile_graph, ext_image, readback
 from compiler.buffers import pack_rows, packed_activations, unpack_rows
 from compiler.interp import interpret_readback
 from hdl import isa
-from hdl.config import parse_chip
 from host import tiny_lm as T
 from host.batch import batch_program, universal_ranges
 from host.calibrate import calibrate
 from sim.backends.reference import ReferenceMachine
 from tests.servingutil import batch_inputs, serve_on_chips
+from chipbench import FAST_PRE_LANES, fast_with
 
 M = T.make_model("structured", 1)
 MR = T.make_model("random", 2)
-PLAIN = parse_chip("fast")
-KV = parse_chip("fast,mm_pack_c=1")
+PLAIN = FAST_PRE_LANES                  # pool rows one int8 a word
+KV = fast_with(mm_pack_c=1)
 
 
 def _names(g, ids):

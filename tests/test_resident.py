@@ -18,6 +18,7 @@ from host.resident import ResidentChip, ResidentError
 from sim.backends import ErrorStop
 from sim.cli import guarded
 from sim.backends.reference import ReferenceMachine
+from chipbench import FAST_PRE_LANES
 
 FAST = PRESETS["fast"]
 
@@ -79,11 +80,12 @@ def test_paged_equals_plain_in_both_modes(runs, page):
 
 def test_pool_rows_are_the_book_kc_and_vc_integers():
     # the pool keeps the chip's int8 rows; the book host dequantizes them and requantizes them into kc/vc:
-    # the words must be the same
+    # the words must be the same (a chip whose pool rows hold one int8 a word; packed rows:
+    # tests/test_compile_packed_kv.py)
     m = MODELS["random"]
     steps = 9
-    book, (tb, rb) = _book(m, steps, None)
-    chip, (tr, rr) = _resident(m, steps, None)
+    book, (tb, rb) = _book(m, steps, None, cfg=FAST_PRE_LANES)
+    chip, (tr, rr) = _resident(m, steps, None, cfg=FAST_PRE_LANES)
     image = rb[-1]["image"]
     P = book.progs[steps]
     lay = chip.layout
