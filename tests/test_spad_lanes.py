@@ -81,6 +81,11 @@ def _busy_by_schedule(M, K, N, cfg, pb=0, rq=0):
                                  fast_with(rq_pipe=0, spad_lanes=4)],
                          ids=["lanes4", "lanes2", "fast", "small4", "tiny", "lanes4_nopipe"])
 def test_formula_is_the_schedule(cfg):
+    check_formula_is_the_schedule(cfg)
+
+
+def check_formula_is_the_schedule(cfg):
+    """hdl.isa.mm_busy_cycles == `_busy_by_schedule` for every M, N, several K, pb and rq on `cfg`."""
     for M in range(1, cfg.array + 1):
         for N in range(1, cfg.array + 1):
             for K in (1, 2, 3, 7, 16, cfg.row_depth):
