@@ -107,7 +107,7 @@ class ChipConfig:
         1 broadcasts each A element along its row of the systolic array instead of passing it from PE to
         PE (``docs/mm-bcast.md``): every column sees k in the same cycle, so a row of C is final at once
         and the drain's first write no longer waits for the array's last column (``3 + N - G`` becomes
-        ``3`` in ``hdl.isa.mm_busy_cycles``). Same words, fewer cycles. Needs ``spad_lanes`` > 1 (with
+        ``2 + cB``, B's read groups a k, in ``hdl.isa.mm_busy_cycles``). Same words, fewer cycles. Needs ``spad_lanes`` > 1 (with
         one drain lane the column skew costs nothing). 0, the book's chip and every preset, keeps the
         book's array.
     """
