@@ -5,7 +5,7 @@ the clocked processes, which pysim runs at every edge, the idle units' included;
 large combinational processes (the sequencer's, the MM unit's), run whole several times a cycle as the
 units' outputs settle; then pysim's own loop, which looks at every process in every delta cycle; and per
 run, the testbench's word-by-word loading and read-back of the memories. `SkipIdleEngine` changes these
-four, and nothing of the design:
+four (and more, below), and nothing of the design:
 
 - *Idle clocked processes are skipped.* A compiled clocked process is pure: what it writes depends only on
   the current values of what it reads (right-hand sides, conditions, the domain's reset and, for a
@@ -21,6 +21,13 @@ four, and nothing of the design:
   puts them in a set that the delta cycle takes whole (`step_design`). The processes of one delta cycle
   read current values and write next ones, so their order is free (pysim's is a set's too).
 - *Memories in one go* (`write_rows`, `read_rows`): ``ctx.set`` settles the design after every word.
+- *A memory's write ports apart from its read ports* (`_split_reads`), their process run only at an edge
+  where an enable is high (`_skip_disabled`): pysim builds every write mask at every run of the memory's
+  one process, which the scratchpad's banks ran nearly every cycle for their read ports.
+- *One waker per signal* (`_merge_wakers`) for all the processes it queues or marks stale, and the commit
+  of a delta cycle inlined (`step_design`): a few hundred signals change a cycle.
+- *Sign extension inlined* (`_InlineSign`) in the code pysim generates: a call of its helper per signed
+  operand, over 300 a cycle on the fast chip's systolic array.
 
 Asserts are evaluated as before: a skipped process's Asserts saw the same values at its last run.
 
@@ -32,6 +39,8 @@ from __future__ import annotations
 
 __all__ = ["SkipIdleEngine", "engine_class"]
 
+import ast
+import builtins
 import threading
 
 # SkipIdleEngine swaps a module-level name of pysim while it builds: one build at a time (the server builds a
@@ -43,8 +52,9 @@ try:
     from amaranth.hdl._ast import Assign, Operator, Print, Property, SignalDict, SignalSet, Slice, Switch, _StatementList
     from amaranth.hdl._mem import MemoryInstance
     from amaranth.sim import pysim as _pysim
+    from amaranth.sim import _pyrtl
     from amaranth.sim._pyrtl import PyRTLProcess, _FragmentCompiler
-    _AVAILABLE = hasattr(_pysim, "PySimEngine") and hasattr(_pysim, "_FragmentCompiler")
+    _AVAILABLE = all(hasattr(_pysim, name) for name in ("PySimEngine", "_FragmentCompiler", "_PySignalState"))
 except ImportError:                                       # pragma: no cover - another Amaranth
     _AVAILABLE = False
 
@@ -141,9 +151,45 @@ if _AVAILABLE:
             _split(sub, clocked)
         if isinstance(fragment, MemoryInstance):
             return
+        if clocked:
+            for sub, name, _src_loc in list(fragment.subfragments):
+                reads = _split_reads(sub) if isinstance(sub, MemoryInstance) else None
+                if reads is not None:
+                    fragment.add_subfragment(reads, f"{name}_reads")
         for domain_name in list(fragment.statements):
             if clocked or domain_name == "comb":
                 _split_domain(fragment, domain_name)
+
+    def _split_reads(memory):
+        """`memory`'s clocked read ports that are transparent for no write port, taken out of it into a
+        MemoryInstance of their own over the same words (pysim keeps one state per ``MemoryData``), when
+        `memory` has write ports too; returns that instance (or None).
+
+        pysim compiles a memory's clocked ports into one process, which builds every write port's mask (a
+        bit per enable replicated to the granularity) at every run: the scratchpad's banks' processes ran
+        nearly every cycle for their read ports while they wrote seldom. Apart, the write ports' process
+        runs only at an edge where one of them is enabled (`SkipIdleEngine._skip_disabled`), the read ports'
+        when their addresses or enables or a word changed. A transparent read port stays with the write
+        ports it reads."""
+        apart = [port for port in memory._read_ports if port._domain != "comb" and not port._transparent_for]
+        if not apart or not memory._write_ports:
+            return None
+        memory._read_ports = [port for port in memory._read_ports if not any(port is a for a in apart)]
+        reads = MemoryInstance(data=memory._data, attrs=memory._attrs, src_loc=memory.src_loc)
+        reads.domains.update(memory.domains)
+        reads._read_ports.extend(apart)
+        return reads
+
+    def _write_enables(fragment, domain_name):
+        """The enable signals of `fragment`'s write ports when it is a memory whose only ports in `domain_name`
+        are write ports with a Signal each for an enable (else None): its process in that domain changes
+        nothing at an edge where they are all zero."""
+        if (not isinstance(fragment, MemoryInstance) or not fragment._write_ports or fragment.statements
+                or any(port._domain == domain_name for port in fragment._read_ports)):
+            return None
+        if any(port._domain != domain_name or not isinstance(port._en, Signal) for port in fragment._write_ports):
+            return None
+        return [port._en for port in fragment._write_ports]
 
     def _split_domain(fragment, domain_name):
         stmts = fragment.statements[domain_name]
@@ -254,6 +300,7 @@ if _AVAILABLE:
             def on_signal(curr, next):
                 add(process)
                 return True
+            on_signal.queues = process           # for _merge_wakers
             return on_signal
         if name == "memory_waker.<locals>.waker":
             def on_memory():
@@ -261,6 +308,58 @@ if _AVAILABLE:
                 return True
             return on_memory
         return waker
+
+    class _InlineSign(ast.NodeTransformer):
+        """pysim's generated code sign-extends every signed operand with a call of its helper,
+        ``sign((MASK & x), -H)`` where MASK = 2*H - 1 (over 300 calls a cycle on the fast chip's systolic
+        array, a call each); here the same value without a call: ``((MASK & x) ^ H) - H``. For a value v
+        in [0, 2H), v ^ H - H is v below H and v - 2H from H on, which is what the helper gives
+        (v | -H sets the bits above the sign bit). A call of another shape is left as it is."""
+
+        def visit_Call(self, node):
+            self.generic_visit(node)
+            if not (isinstance(node.func, ast.Name) and node.func.id == "sign" and len(node.args) == 2
+                    and not node.keywords):
+                return node
+            value, low = node.args
+            half = ast.literal_eval(low) if isinstance(low, (ast.Constant, ast.UnaryOp)) else None
+            if not isinstance(half, int) or half >= 0 or half & (-half - 1):
+                return node                                   # not -H with H a power of two
+            half = -half
+            if not (isinstance(value, ast.BinOp) and isinstance(value.op, ast.BitAnd)
+                    and isinstance(value.left, ast.Constant) and value.left.value == 2 * half - 1):
+                return node                                   # not masked to the sign bit
+            flipped = ast.BinOp(value, ast.BitXor(), ast.Constant(half))
+            return ast.copy_location(ast.BinOp(flipped, ast.Sub(), ast.Constant(half)), node)
+
+    def _compile_inlined(source, filename, mode, *args, **kwargs):
+        """``compile`` for the code pysim generates, with its sign extensions inlined (`_InlineSign`)."""
+        tree = ast.fix_missing_locations(_InlineSign().visit(ast.parse(source, filename, mode)))
+        return builtins.compile(tree, filename, mode, *args, **kwargs)
+
+    def _merged_waker(queue, procs, stales):
+        """One waker that puts `procs` in `queue` and, for each (stale set, processes) of `stales`, the processes
+        in the set: what the wakers it replaces did one by one."""
+        procs = frozenset(procs)
+        marks = [(stale.update, frozenset(processes)) for stale, processes in stales]
+        queue_all = queue.update
+        if not marks:
+            def merged(curr, next):
+                queue_all(procs)
+                return True
+        elif not procs and len(marks) == 1:
+            ((mark, processes),) = marks
+
+            def merged(curr, next):
+                mark(processes)
+                return True
+        else:
+            def merged(curr, next):
+                queue_all(procs)
+                for mark, processes in marks:
+                    mark(processes)
+                return True
+        return merged
 
     class SkipIdleEngine(_pysim.PySimEngine):
         """``PySimEngine`` whose clocked processes run at an edge only when one of their inputs has changed
@@ -284,10 +383,13 @@ if _AVAILABLE:
             _split(design.fragment, self.split_clocked)
             with _BUILD_LOCK:                    # simulators built on several threads (the server's chips)
                 _pysim._FragmentCompiler = recording
+                # the code pysim generates goes through _compile_inlined (pysim's module calls `compile`)
+                _pyrtl.compile = _compile_inlined
                 try:
                     super().__init__(design)
                 finally:
                     _pysim._FragmentCompiler = _FragmentCompiler
+                    del _pyrtl.compile
             self._queue = set()                  # the compiled processes to run in the next delta cycle
             self._edges = []                     # the stale sets of the clocks that had an active edge
             self._guarded = []                   # (process, its clock's stale set)
@@ -295,6 +397,9 @@ if _AVAILABLE:
             self._read_plans = {}                # id(rows) -> (rows, read_rows's plan for them)
             for process, fragment, domain_name in compiler["made"].clocked:
                 self._guard(process, fragment.domains[domain_name], *_inputs(fragment, domain_name))
+                enables = _write_enables(fragment, domain_name)
+                if enables is not None:
+                    self._skip_disabled(process, enables)
             self._take_rtl_processes()
 
         def _guard(self, process, domain, signals, memory):
@@ -316,6 +421,7 @@ if _AVAILABLE:
             def on_signal(curr, next):           # pysim calls it only when the value changed
                 stale.add(process)
                 return True
+            on_signal.stales = (stale, process)  # for _merge_wakers
 
             for signal in signals:
                 self._state.add_signal_waker(signal, on_signal)
@@ -331,6 +437,29 @@ if _AVAILABLE:
                     return True
 
                 self._state.add_memory_waker(memory, on_memory)
+
+        def _skip_disabled(self, process, enables):
+            """`process` (a memory's write ports alone) runs only at an edge where one of `enables` is not zero.
+
+            Such a process only queues writes, each masked by its port's enable: with every enable zero it
+            writes nothing (pysim would still queue the old words and wake the memory's readers). Building
+            the mask is the costly part (a 512-bit row with an enable per byte: 64 bits each replicated 8
+            times); a write port's data changes at most edges while its enable stays low."""
+            run = process.run
+            slots = [self._state.slots[self._state.get_signal(signal)] for signal in enables]
+            if len(slots) == 1:
+                (enable,) = slots
+
+                def run_if_enabled():
+                    if enable.curr:
+                        run()
+            else:
+                def run_if_enabled():
+                    for enable in slots:
+                        if enable.curr:
+                            run()
+                            return
+            process.run = run_if_enabled
 
         def _clock_stale(self, clk, polarity):
             """The set of stale processes of the clock `clk` at edges of `polarity`, its waker made once."""
@@ -380,10 +509,33 @@ if _AVAILABLE:
             rtl = set(self._rtl)
             for slot in self._state.slots:
                 slot.wakers[:] = [_direct_waker(waker, rtl, queue) for waker in slot.wakers]
+            self._merge_wakers()
+
+        def _merge_wakers(self):
+            # a signal read by many processes had a waker for each (one call per process at every change,
+            # a few hundred changes a cycle): the ones that queue a combinational process or mark a clocked
+            # one stale become one waker that adds them all at once. They only add to sets, so their order
+            # among the signal's other wakers is free.
+            queue = self._queue
+            for slot in self._state.slots:
+                if not isinstance(slot, _pysim._PySignalState):
+                    continue
+                procs, stales, others = set(), {}, []
+                for waker in slot.wakers:
+                    if hasattr(waker, "queues"):
+                        procs.add(waker.queues)
+                    elif hasattr(waker, "stales"):
+                        stale, process = waker.stales
+                        stales.setdefault(id(stale), (stale, set()))[1].add(process)
+                    else:
+                        others.append(waker)
+                if len(procs) + sum(len(ps) for _, ps in stales.values()) < 2:
+                    continue
+                slot.wakers[:] = [_merged_waker(queue, procs, list(stales.values()))] + others
 
         def step_design(self):
-            queue, others, state, triggers = self._queue, self._processes, self._state, self._active_triggers
-            edges = self._edges
+            queue, others, triggers = self._queue, self._processes, self._active_triggers
+            edges, pending, signal_state = self._edges, self._state.pending, _pysim._PySignalState
             converged = False
             while not converged:
                 for trigger_state in triggers:
@@ -397,11 +549,28 @@ if _AVAILABLE:
                 queue.clear()
                 for process in batch:
                     process.run()
-                converged = state.commit()
+                # pysim's state.commit() (no waveform: nothing recorded), its signals' commit and
+                # _run_wakers inlined: a few hundred signals change a cycle
+                converged = True
+                for slot in pending:
+                    if type(slot) is signal_state:
+                        curr, next = slot.curr, slot.next
+                        if curr != next:
+                            wakers = slot.wakers
+                            kept = 0
+                            for waker in wakers:
+                                if waker(curr, next):
+                                    wakers[kept] = waker
+                                    kept += 1
+                            del wakers[kept:]
+                            slot.curr = next
+                            converged = False
+                    elif slot.commit():
+                        converged = False
+                pending.clear()
                 if edges:
                     for stale in edges:
-                        for process in stale:
-                            process.runnable = True
+                        queue.update(stale)              # what raising each one's runnable flag does
                         stale.clear()
                     edges.clear()
                     converged = False
