@@ -81,7 +81,8 @@ def _trace(engine, steps, forbidden=False):
             # next ones with no input of the memory's ports changing
             if rng.random() < 0.4:
                 ctx.set(toy.load, rng.random() < 0.3)
-                ctx.set(toy.value, rng.randrange(256) % 99)
+                value = rng.randrange(256)                # every bit, the memory's top one included
+                ctx.set(toy.value, value + 1 if value in (99, 200) else value)     # never held: see _Toy
                 ctx.set(toy.we, rng.random() < 0.5)
                 ctx.set(toy.waddr, rng.randrange(8))
                 ctx.set(toy.raddr, rng.randrange(8))

@@ -191,6 +191,28 @@ if _AVAILABLE:
             return None
         return [port._en for port in fragment._write_ports]
 
+    def _enable_mask(count, granularity, width):
+        """The function from a write port's enable value (`count` bits) to its write mask (`width` bits, each
+        enable bit replicated `granularity` times)."""
+        full = (1 << width) - 1
+        if count == 1:
+            return lambda bits: full                      # called only with the bit set
+        if granularity == 1:
+            return lambda bits: full & bits
+        masks, unit = {}, (1 << granularity) - 1
+
+        def mask_of(bits):
+            mask = masks.get(bits)
+            if mask is None:
+                mask = 0
+                for k in range(count):
+                    if bits >> k & 1:
+                        mask |= unit << (k * granularity)
+                if len(masks) < 4096:                     # the few values a port's enable takes
+                    masks[bits] = mask
+            return mask
+        return mask_of
+
     def _split_domain(fragment, domain_name):
         stmts = fragment.statements[domain_name]
         if any(not isinstance(stmt, (Assign, Switch, Property, Print)) for stmt in stmts):
@@ -400,6 +422,9 @@ if _AVAILABLE:
                 enables = _write_enables(fragment, domain_name)
                 if enables is not None:
                     self._skip_disabled(process, enables)
+                    if all(isinstance(port._addr, Signal) and isinstance(port._data, Signal)
+                           for port in fragment._write_ports):
+                        process.run = self._writer(fragment)
             self._take_rtl_processes()
 
         def _guard(self, process, domain, signals, memory):
@@ -460,6 +485,31 @@ if _AVAILABLE:
                             run()
                             return
             process.run = run_if_enabled
+
+        def _writer(self, memory):
+            """The run of the process of `memory`'s write ports (of one domain, the memory's only ports there,
+            each with a Signal for its address, data and enable; no statements, so the domain's reset does
+            nothing in it) as pysim's does it: each port in turn, where its enable is not zero, writes its
+            data masked by its enable bits each replicated to the port's granularity. pysim builds that mask
+            bit by bit at every run (32 shifts for a scratchpad bank, 512 for the MM unit's operand rows); here
+            a 1-bit enable is the whole word, a granularity of 1 the enable itself, and other masks are
+            remembered per enable value. A port whose enable is zero writes nothing (pysim queues the old
+            word)."""
+            state = self._state
+            mem_write = state.slots[state.get_memory(memory._data)].write
+            writes = []
+            for port in memory._write_ports:
+                slot = state.slots[state.get_signal(port._en)], state.slots[state.get_signal(port._addr)]
+                width = len(port._data)
+                writes.append((*slot, (1 << len(port._addr)) - 1, state.slots[state.get_signal(port._data)],
+                               (1 << width) - 1, _enable_mask(len(port._en), port._granularity, width)))
+
+            def write():
+                for enable, addr, addr_mask, data, data_mask, mask_of in writes:
+                    bits = enable.curr
+                    if bits:
+                        mem_write(addr_mask & addr.curr, data_mask & data.curr, mask_of(bits))
+            return write
 
         def _clock_stale(self, clk, polarity):
             """The set of stale processes of the clock `clk` at edges of `polarity`, its waker made once."""
