@@ -89,27 +89,27 @@ class ChipConfig:
     mm_pack_c : int
         1 lets an MM write its int8 results packed four a word (its ``pc`` flag, fl[3]) and read a B of N
         rows packed four a word transposed (``tb`` with ``pb``), for K/V rows stored four int8 a word
-        (``docs/mm-pack-c.md``). Needs ``mm_pack``, ``mm_rq`` and ``mm_overlap``. 0, the book's chip and
-        every preset, leaves the flag unread and ``validate`` refuses it set, and tb with pb.
+        (``docs/mm-pack-c.md``). Needs ``mm_pack``, ``mm_rq`` and ``mm_overlap``. 0, the book's chip,
+        leaves the flag unread and ``validate`` refuses it set, and tb with pb; 1 on ``fast``.
     spad_lanes : int
         Results the scratchpad takes a cycle from the MM unit's drain (``docs/spad-lanes.md``): 1, the
         book's, one write port; 2 or 4 store the scratchpad as that many banks interleaved by address
         (bank = address mod lanes), one write port each, so the drain writes up to `spad_lanes`
         consecutive results of a row of C a cycle (``hdl.isa.mm_busy_cycles``). Needs ``mm_overlap``;
-        the other units still write one word a cycle.
+        the other units still write one word a cycle, but RQ's and VADD's `vec_lanes`. 4 on ``fast``.
     vec_lanes : int
         Words the RQ and VADD units read and write a cycle through the banks (``docs/vec-lanes.md``): 1,
         the book's; 2 or 4 make RQ l requantizers and VADD l adders wide, reading l consecutive words of
         each source and writing l of the result a cycle, so B = ceil(len/l) + 2 (+ rq_pipe for RQ)
         (``hdl.isa.rq_busy_cycles``, ``vadd_busy_cycles``). Needs ``spad_lanes`` >= vec_lanes and
-        ``vadd_ports`` = 2.
+        ``vadd_ports`` = 2. 2 on ``fast``.
     mm_bcast : int
         1 broadcasts each A element along its row of the systolic array instead of passing it from PE to
         PE (``docs/mm-bcast.md``): every column sees k in the same cycle, so a row of C is final at once
         and the drain's first write no longer waits for the array's last column (``3 + N - G`` becomes
         ``2 + cB``, B's read groups a k, in ``hdl.isa.mm_busy_cycles``). Same words, fewer cycles. Needs ``spad_lanes`` > 1 (with
-        one drain lane the column skew costs nothing). 0, the book's chip and every preset, keeps the
-        book's array.
+        one drain lane the column skew costs nothing). 0, the book's chip, keeps the book's array; 1 on
+        ``fast``.
     """
 
     array: int = 4
@@ -279,13 +279,18 @@ _TESTBENCH_FIELDS = ("ext_words", "lat", "rom_words")
 # (compiler.resident.plan_layout); since issue 14 also the MM unit's fused requantization (docs/fused-rq.md),
 # packed weights and overlapped phases (docs/mm-fast.md) and the two-port VADD (docs/vadd-ports.md); since
 # issue 20 the requantizer's pipeline register (docs/rq-pipe.md), for the ULX3S's 25 MHz; since issue 23 the
-# sequencer's issue in the done cycle (docs/prefetch.md) and the softmax's division four bits a cycle
-# (docs/sm-div.md).
-# Issue 13's chip is ``fast,mm_rq=0,vadd_ports=1,mm_pack=0,mm_overlap=0,rq_pipe=0,prefetch=0,sm_div=1``.
+# sequencer's issue in the done cycle (docs/prefetch.md), the softmax's division four bits a cycle
+# (docs/sm-div.md), K/V rows packed four int8 a word (docs/mm-pack-c.md), a scratchpad of four banks taking
+# four MM results a cycle (docs/spad-lanes.md), RQ and VADD two words a cycle (docs/vec-lanes.md: four lanes
+# save 25 cycles a token more but did not route on the ULX3S-85F) and the broadcast array (docs/mm-bcast.md);
+# placed and routed on the served board at 29.21 MHz (docs/synthesis.md).
+# Issue 13's chip is ``fast,mm_rq=0,vadd_ports=1,mm_pack=0,mm_overlap=0,rq_pipe=0,prefetch=0,sm_div=1,
+# mm_pack_c=0,spad_lanes=1,vec_lanes=1,mm_bcast=0``.
 PRESETS: dict[str, ChipConfig] = {
     "book": BOOK,
     "fast": ChipConfig(array=8, mm_load=4, gather=1, ext_words=16384, mm_rq=1, vadd_ports=2, mm_pack=1,
-                       mm_overlap=1, rq_pipe=1, prefetch=1, sm_div=4),
+                       mm_overlap=1, rq_pipe=1, prefetch=1, sm_div=4, mm_pack_c=1, spad_lanes=4, vec_lanes=2,
+                       mm_bcast=1),
 }
 
 
