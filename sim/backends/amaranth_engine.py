@@ -27,7 +27,9 @@ four (and more, below), and nothing of the design:
 - *One waker per signal* (`_merge_wakers`) for all the processes it queues or marks stale, and the commit
   of a delta cycle inlined (`step_design`): a few hundred signals change a cycle.
 - *Sign extension inlined* (`_InlineSign`) in the code pysim generates: a call of its helper per signed
-  operand, over 300 a cycle on the fast chip's systolic array.
+  operand, over 300 a cycle on the fast chip's systolic array. *Integer identities* (`_Peephole`) on the
+  same code: shifts by 0 and nested constant masks (every slice pysim writes has a few), consecutive
+  fields of one value joined (a Cat of a signal's slices in order).
 
 Asserts are evaluated as before: a skipped process's Asserts saw the same values at its last run.
 
@@ -354,10 +356,86 @@ if _AVAILABLE:
             flipped = ast.BinOp(value, ast.BitXor(), ast.Constant(half))
             return ast.copy_location(ast.BinOp(flipped, ast.Sub(), ast.Constant(half)), node)
 
+    def _int(node):
+        """The value of `node` when it is an integer constant, else None."""
+        return node.value if isinstance(node, ast.Constant) and type(node.value) is int else None
+
+    def _field(node):
+        """(X, s, w, t) when `node` is bits [s, s + w) of X put at bit t, as pysim writes a slice in a Cat:
+        ``(M & (X >> s)) << t``, with M = 2**w - 1 (``>> s`` or ``<< t`` left out when 0); else None."""
+        t = 0
+        if isinstance(node, ast.BinOp) and isinstance(node.op, ast.LShift) and _int(node.right) is not None:
+            node, t = node.left, _int(node.right)
+        if not (isinstance(node, ast.BinOp) and isinstance(node.op, ast.BitAnd) and _int(node.left) is not None):
+            return None
+        mask, value = _int(node.left), node.right
+        if mask <= 0 or mask & (mask + 1):
+            return None                                       # not 2**w - 1
+        shift = 0
+        if isinstance(value, ast.BinOp) and isinstance(value.op, ast.RShift) and _int(value.right) is not None:
+            value, shift = value.left, _int(value.right)
+        return value, shift, mask.bit_length(), t
+
+    def _make_field(value, shift, width, at):
+        node = value if shift == 0 else ast.BinOp(value, ast.RShift(), ast.Constant(shift))
+        node = ast.BinOp(ast.Constant((1 << width) - 1), ast.BitAnd(), node)
+        return node if at == 0 else ast.BinOp(node, ast.LShift(), ast.Constant(at))
+
+    class _Peephole(ast.NodeTransformer):
+        """Integer identities on the code pysim generates, the values unchanged: ``x >> 0`` and ``x << 0`` are
+        x; ``C1 & (C2 & x)`` is ``(C1 & C2) & x``; and an OR of fields that are consecutive bits of one value
+        put at consecutive places (a Cat of a signal's slices in order: the systolic array's ``b_nxt``
+        copies a 512-bit signal byte by byte) is one field: bits [s, s + w1) at t and [s + w1, s + w1 + w2)
+        at t + w1 are bits [s, s + w1 + w2) at t."""
+
+        def visit_BinOp(self, node):
+            self.generic_visit(node)
+            op, right = node.op, _int(node.right)
+            if isinstance(op, (ast.RShift, ast.LShift)) and right == 0:
+                return node.left
+            left = _int(node.left)
+            if (isinstance(op, ast.BitAnd) and left is not None and isinstance(node.right, ast.BinOp)
+                    and isinstance(node.right.op, ast.BitAnd) and _int(node.right.left) is not None):
+                folded = ast.Constant(left & _int(node.right.left))
+                return ast.copy_location(ast.BinOp(folded, ast.BitAnd(), node.right.right), node)
+            if isinstance(op, ast.BitOr):
+                return self._merge_fields(node)
+            return node
+
+        def _merge_fields(self, node):
+            terms = []                                        # the OR chain, left to right
+            while isinstance(node, ast.BinOp) and isinstance(node.op, ast.BitOr):
+                terms.append(node.right)
+                node = node.left
+            terms.append(node)
+            terms.reverse()
+            merged, last, changed = [], None, False
+            for term in terms:
+                field = _field(term)
+                if (field is not None and last is not None and field[1] == last[1] + last[2]
+                        and field[3] == last[3] + last[2] and ast.dump(field[0]) == ast.dump(last[0])):
+                    last = (last[0], last[1], last[2] + field[2], last[3])
+                    merged[-1] = _make_field(*last)
+                    changed = True
+                    continue
+                merged.append(term)
+                last = field
+            if not changed:
+                return self._chain(terms)
+            return self._chain(merged)
+
+        @staticmethod
+        def _chain(terms):
+            node = terms[0]
+            for term in terms[1:]:
+                node = ast.BinOp(node, ast.BitOr(), term)
+            return node
+
     def _compile_inlined(source, filename, mode, *args, **kwargs):
-        """``compile`` for the code pysim generates, with its sign extensions inlined (`_InlineSign`)."""
-        tree = ast.fix_missing_locations(_InlineSign().visit(ast.parse(source, filename, mode)))
-        return builtins.compile(tree, filename, mode, *args, **kwargs)
+        """``compile`` for the code pysim generates, with its sign extensions inlined (`_InlineSign`) and
+        integer identities applied (`_Peephole`)."""
+        tree = _Peephole().visit(_InlineSign().visit(ast.parse(source, filename, mode)))
+        return builtins.compile(ast.fix_missing_locations(tree), filename, mode, *args, **kwargs)
 
     def _merged_waker(queue, procs, stales):
         """One waker that puts `procs` in `queue` and, for each (stale set, processes) of `stales`, the processes
