@@ -353,8 +353,12 @@ if _AVAILABLE:
             if not (isinstance(value, ast.BinOp) and isinstance(value.op, ast.BitAnd)
                     and isinstance(value.left, ast.Constant) and value.left.value == 2 * half - 1):
                 return node                                   # not masked to the sign bit
-            flipped = ast.BinOp(value, ast.BitXor(), ast.Constant(half))
-            return ast.copy_location(ast.BinOp(flipped, ast.Sub(), ast.Constant(half)), node)
+            flipped = _at(ast.BinOp(value, ast.BitXor(), _at(ast.Constant(half), node)), node)
+            return _at(ast.BinOp(flipped, ast.Sub(), _at(ast.Constant(half), node)), node)
+
+    def _at(new, old):
+        """`new` placed where `old` is in the source (compile needs a place for every node)."""
+        return ast.copy_location(new, old)
 
     def _int(node):
         """The value of `node` when it is an integer constant, else None."""
@@ -377,9 +381,9 @@ if _AVAILABLE:
         return value, shift, mask.bit_length(), t
 
     def _make_field(value, shift, width, at):
-        node = value if shift == 0 else ast.BinOp(value, ast.RShift(), ast.Constant(shift))
-        node = ast.BinOp(ast.Constant((1 << width) - 1), ast.BitAnd(), node)
-        return node if at == 0 else ast.BinOp(node, ast.LShift(), ast.Constant(at))
+        node = value if shift == 0 else _at(ast.BinOp(value, ast.RShift(), _at(ast.Constant(shift), value)), value)
+        node = _at(ast.BinOp(_at(ast.Constant((1 << width) - 1), value), ast.BitAnd(), node), value)
+        return node if at == 0 else _at(ast.BinOp(node, ast.LShift(), _at(ast.Constant(at), value)), value)
 
     class _Peephole(ast.NodeTransformer):
         """Integer identities on the code pysim generates, the values unchanged: ``x >> 0`` and ``x << 0`` are
@@ -389,6 +393,8 @@ if _AVAILABLE:
         at t + w1 are bits [s, s + w1 + w2) at t."""
 
         def visit_BinOp(self, node):
+            if isinstance(node.op, ast.BitOr):
+                return self._merge_fields(node)
             self.generic_visit(node)
             op, right = node.op, _int(node.right)
             if isinstance(op, (ast.RShift, ast.LShift)) and right == 0:
@@ -396,10 +402,8 @@ if _AVAILABLE:
             left = _int(node.left)
             if (isinstance(op, ast.BitAnd) and left is not None and isinstance(node.right, ast.BinOp)
                     and isinstance(node.right.op, ast.BitAnd) and _int(node.right.left) is not None):
-                folded = ast.Constant(left & _int(node.right.left))
-                return ast.copy_location(ast.BinOp(folded, ast.BitAnd(), node.right.right), node)
-            if isinstance(op, ast.BitOr):
-                return self._merge_fields(node)
+                folded = _at(ast.Constant(left & _int(node.right.left)), node)
+                return _at(ast.BinOp(folded, ast.BitAnd(), node.right.right), node)
             return node
 
         def _merge_fields(self, node):
@@ -408,7 +412,7 @@ if _AVAILABLE:
                 terms.append(node.right)
                 node = node.left
             terms.append(node)
-            terms.reverse()
+            terms = [self.visit(term) for term in reversed(terms)]   # the chain's own nodes walked once
             merged, last, changed = [], None, False
             for term in terms:
                 field = _field(term)
@@ -428,14 +432,23 @@ if _AVAILABLE:
         def _chain(terms):
             node = terms[0]
             for term in terms[1:]:
-                node = ast.BinOp(node, ast.BitOr(), term)
+                node = _at(ast.BinOp(node, ast.BitOr(), term), term)
             return node
+
+    class _Rewrite(_InlineSign, _Peephole):
+        """`_InlineSign` and `_Peephole` in one walk of the tree; a signal's value (``slots[i].curr``) and the
+        leaves are not walked into (nothing in them to rewrite): the build stays short."""
+
+        def visit_Attribute(self, node):
+            return node
+
+        visit_Subscript = visit_Name = visit_Constant = visit_Attribute
 
     def _compile_inlined(source, filename, mode, *args, **kwargs):
         """``compile`` for the code pysim generates, with its sign extensions inlined (`_InlineSign`) and
         integer identities applied (`_Peephole`)."""
-        tree = _Peephole().visit(_InlineSign().visit(ast.parse(source, filename, mode)))
-        return builtins.compile(ast.fix_missing_locations(tree), filename, mode, *args, **kwargs)
+        tree = _Rewrite().visit(ast.parse(source, filename, mode))
+        return builtins.compile(tree, filename, mode, *args, **kwargs)
 
     def _merged_waker(queue, procs, stales):
         """One waker that puts `procs` in `queue` and, for each (stale set, processes) of `stales`, the processes
