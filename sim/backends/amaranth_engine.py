@@ -194,6 +194,11 @@ if _AVAILABLE:
             return None
         return [port._en for port in fragment._write_ports]
 
+    # Write masks remembered per enable value, per port: a port's enable takes a handful of values (the MM
+    # operand memory's: one group of lanes a cycle), so a small bound only guards against a design whose enable
+    # takes many.
+    _MASKS_KEPT = 256
+
     def _enable_mask(count, granularity, width):
         """The function from a write port's enable value (`count` bits) to its write mask (`width` bits, each
         enable bit replicated `granularity` times)."""
@@ -211,7 +216,7 @@ if _AVAILABLE:
                 for k in range(count):
                     if bits >> k & 1:
                         mask |= unit << (k * granularity)
-                if len(masks) < 4096:                     # the few values a port's enable takes
+                if len(masks) < _MASKS_KEPT:              # the few values a port's enable takes
                     masks[bits] = mask
             return mask
         return mask_of
