@@ -11,7 +11,7 @@ RunResult on both engines and on the reference machine.
 import random
 
 import pytest
-from amaranth.hdl import Assert, Cat, Module, Signal, signed
+from amaranth.hdl import Assert, Cat, Module, signed
 from amaranth.lib import wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
@@ -213,24 +213,33 @@ class _Slices(wiring.Component):
         return m
 
 
-def test_slices_as_one_cat_same_as_stock_engine():
+def _trace_on_both_engines(component, drive):
+    """The samples `drive(ctx, dut, out)` appends to `out` from a fresh `component()` on pysim's stock engine
+    and on SkipIdleEngine: [stock, skip]."""
     traces = []
     for engine in ("pysim", SkipIdleEngine):
-        dut = _Slices()
+        dut = component()
         sim = Simulator(dut, engine=engine)
         out = []
 
         async def bench(ctx, dut=dut, out=out):
-            rng = random.Random(3)
-            for _ in range(50):
-                ctx.set(dut.small, rng.randrange(-4, 4))
-                ctx.set(dut.wide, rng.randrange(1 << 12))
-                ctx.set(dut.other, rng.randrange(16))
-                out.append((ctx.get(dut.packed), ctx.get(dut.echo)))
+            await drive(ctx, dut, out)
 
         sim.add_testbench(bench)
         sim.run()
         traces.append(out)
+    return traces
+
+
+def test_slices_as_one_cat_same_as_stock_engine():
+    async def drive(ctx, dut, out):
+        rng = random.Random(3)
+        for _ in range(50):
+            ctx.set(dut.small, rng.randrange(-4, 4))
+            ctx.set(dut.wide, rng.randrange(1 << 12))
+            ctx.set(dut.other, rng.randrange(16))
+            out.append((ctx.get(dut.packed), ctx.get(dut.echo)))
+    traces = _trace_on_both_engines(_Slices, drive)
     assert traces[0] == traces[1]
     assert len({p for p, _ in traces[0]}) > 10
 
@@ -254,27 +263,18 @@ class _Signed(wiring.Component):
 
 
 def test_signed_arithmetic_same_as_stock_engine():
-    traces = []
-    for engine in ("pysim", SkipIdleEngine):
-        dut = _Signed()
-        sim = Simulator(dut, engine=engine)
-        out = []
-
-        async def bench(ctx, dut=dut, out=out):
-            rng = random.Random(7)
-            edges = (-128, -127, -1, 0, 1, 127)
-            for t in range(120):
-                a, b = (edges[t % 6], edges[t // 6 % 6]) if t < 36 else (rng.randrange(-128, 128),
-                                                                           rng.randrange(-128, 128))
-                ctx.set(dut.a, a)
-                ctx.set(dut.b, b)
-                ctx.set(dut.c, -(t % 2))
-                ctx.set(dut.d, rng.randrange(-1 << 15, 1 << 15))
-                out.append((a, b, ctx.get(dut.total), ctx.get(dut.less), ctx.get(dut.neg), ctx.get(dut.shifted)))
-
-        sim.add_testbench(bench)
-        sim.run()
-        traces.append(out)
+    async def drive(ctx, dut, out):
+        rng = random.Random(7)
+        edges = (-128, -127, -1, 0, 1, 127)
+        for t in range(120):
+            a, b = (edges[t % 6], edges[t // 6 % 6]) if t < 36 else (rng.randrange(-128, 128),
+                                                                       rng.randrange(-128, 128))
+            ctx.set(dut.a, a)
+            ctx.set(dut.b, b)
+            ctx.set(dut.c, -(t % 2))
+            ctx.set(dut.d, rng.randrange(-1 << 15, 1 << 15))
+            out.append((a, b, ctx.get(dut.total), ctx.get(dut.less), ctx.get(dut.neg), ctx.get(dut.shifted)))
+    traces = _trace_on_both_engines(_Signed, drive)
     assert traces[0] == traces[1]
     assert any(total < 0 for _, _, total, _, _, _ in traces[0]) and any(neg for *_, neg, _ in traces[0])
 
@@ -298,21 +298,12 @@ class _Fields(wiring.Component):
 
 
 def test_fields_same_as_stock_engine():
-    traces = []
-    for engine in ("pysim", SkipIdleEngine):
-        dut = _Fields()
-        sim = Simulator(dut, engine=engine)
-        out = []
-
-        async def bench(ctx, dut=dut, out=out):
-            rng = random.Random(11)
-            for _ in range(60):
-                ctx.set(dut.a, rng.randrange(1 << 24))
-                ctx.set(dut.b, rng.randrange(-128, 128))
-                out.append(tuple(ctx.get(p) for p in (dut.whole, dut.swapped, dut.mixed, dut.wide)))
-
-        sim.add_testbench(bench)
-        sim.run()
-        traces.append(out)
+    async def drive(ctx, dut, out):
+        rng = random.Random(11)
+        for _ in range(60):
+            ctx.set(dut.a, rng.randrange(1 << 24))
+            ctx.set(dut.b, rng.randrange(-128, 128))
+            out.append(tuple(ctx.get(p) for p in (dut.whole, dut.swapped, dut.mixed, dut.wide)))
+    traces = _trace_on_both_engines(_Fields, drive)
     assert traces[0] == traces[1]
     assert len({t[0] for t in traces[0]}) > 50
