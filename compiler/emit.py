@@ -112,7 +112,7 @@ class Program:
     def listing(self) -> str:
         """The program as text: index, assembly, role, cycles."""
         cyc = self.cycles()
-        return "\n".join(f"{i:3d}  {isa.describe(w):70s} {self.notes[i]:40s} {cyc[i]:5d}"
+        return "\n".join(f"{i:3d}  {isa.describe(w, self.config):70s} {self.notes[i]:40s} {cyc[i]:5d}"
                          for i, w in enumerate(self.code))
 
 

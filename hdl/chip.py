@@ -31,7 +31,7 @@ from amaranth.lib import data, enum, wiring
 from amaranth.lib.wiring import In, Out, connect, flipped
 
 from .config import BOOK
-from .isa import COUNTER_INDEX, COUNTER_OF, HW_OPERANDS, MM_RQ_OPS, RQC_BUSY, Op, issue_limits, legal_ops
+from .isa import COUNTER_INDEX, COUNTER_OF, HW_OPERANDS, MM_RQ_OPS, RQC_BUSY, Op, field_bits, issue_limits, legal_ops
 from .properties import History, checking
 from .scratchpad import Scratchpad, SpadPort
 from .units.amax import ArgmaxUnit
@@ -117,12 +117,16 @@ def issue_check(m, word, cfg):
                 unchecked.append(op)
                 continue
             below, above = [], []
+            fields = {}
             for name, (least, most) in limits.items():
-                hi, lo = HW_OPERANDS[op][name]
-                field = word[lo:hi + 1]
+                hi, lo = field_bits(op, name, cfg)
+                field = fields[name] = word[lo:hi + 1]
                 below.append(field < least)
                 if most < (1 << len(field)) - 1:         # else no value of the field is above it
                     above.append(field > most)
+            if op == Op.MM and cfg.mm_fold:
+                # N past the array folds into rows array/2..: M must fit in half (hdl.isa.mm_fold_conflict)
+                above.append((fields["N"] > cfg.array) & (fields["M"] > cfg.array // 2))
             with m.Case(op):
                 m.d.comb += short.eq(Cat(*below).any())
                 if above:

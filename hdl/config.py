@@ -110,6 +110,13 @@ class ChipConfig:
         ``2 + cB``, B's read groups a k, in ``hdl.isa.mm_busy_cycles``). Same words, fewer cycles. Needs ``spad_lanes`` > 1 (with
         one drain lane the column skew costs nothing). 0, the book's chip, keeps the book's array; 1 on
         ``fast``.
+    mm_fold : int
+        1 lets one MM compute up to twice the array's columns when it uses at most half its rows
+        (``docs/mm-fold.md``): with N > array and M <= array/2, rows array/2 + m of the broadcast array compute
+        columns array .. N-1 of C's row m from a second B feed entering at row array/2. N is then read with
+        one more bit (``h[4:0]`` on the 8x8 array) and may be 1 .. 2*array. A wide tile is staged and run
+        once where two tiles were, so the second tile's start, pipeline and finish cycles go. Needs
+        ``mm_bcast`` and an even ``array``. 0, the book's chip.
     """
 
     array: int = 4
@@ -133,6 +140,7 @@ class ChipConfig:
     spad_lanes: int = 1
     vec_lanes: int = 1
     mm_bcast: int = 0
+    mm_fold: int = 0
 
     def __post_init__(self):
         for f in fields(self):
@@ -201,6 +209,14 @@ class ChipConfig:
         if self.mm_bcast and self.spad_lanes == 1:
             raise ValueError(f"ChipConfig mm_bcast = {self.mm_bcast} needs spad_lanes > 1 (with one drain lane "
                              f"the array's column skew costs no cycle), not spad_lanes={self.spad_lanes}")
+        if self.mm_fold not in (0, 1):
+            raise ValueError(f"ChipConfig mm_fold must be 0 or 1, not {self.mm_fold}")
+        if self.mm_fold and not self.mm_bcast:
+            raise ValueError(f"ChipConfig mm_fold = {self.mm_fold} needs mm_bcast=1 (the second B feed enters "
+                             f"unskewed at the array's middle row), not mm_bcast={self.mm_bcast}")
+        if self.mm_fold and self.array % 2:
+            raise ValueError(f"ChipConfig mm_fold = {self.mm_fold} needs an even array (its halves hold the two "
+                             f"column groups), not array={self.array}")
 
     # ---- derived widths and limits -----------------------------------------------------------------
     @property
@@ -228,6 +244,12 @@ class ChipConfig:
     def mm_max_mn(self) -> int:
         """The largest M and N of one MM instruction (the array size)."""
         return self.array
+
+    @property
+    def mm_max_n(self) -> int:
+        """The largest N of one MM instruction: the array size, twice it with ``mm_fold`` (for an M of at
+        most half the array, docs/mm-fold.md)."""
+        return self.array * (1 + self.mm_fold)
 
     @property
     def mm_max_k(self) -> int:

@@ -297,11 +297,21 @@ CHIP_OPERANDS: dict[tuple[Op, str], str] = {(Op.MM, "rq"): "mm_rq", (Op.MM, "pb"
                                             (Op.MM, "pc"): "mm_pack_c"}
 
 
+def field_bits(op, name, cfg: ChipConfig | None) -> tuple[int, int]:
+    """The bits (hi, lo) of operand `name` of `op` that the chip `cfg` reads: `HW_OPERANDS`'s, except MM's
+    N on an ``mm_fold`` chip, read with one bit more (h[4:0], N up to twice the array: docs/mm-fold.md)."""
+    hi, lo = HW_OPERANDS[op][name]
+    if cfg is not None and cfg.mm_fold and op == Op.MM and name == "N":
+        hi += 1
+    return hi, lo
+
+
 def hw_operands(op, cfg: ChipConfig = BOOK) -> dict[str, tuple[int, int]]:
     """The operand bits of opcode `op` that the chip `cfg` reads: `HW_OPERANDS` less the operands of
-    `CHIP_OPERANDS` whose parameter `cfg` does not have (the book's MM reads no rq bit)."""
+    `CHIP_OPERANDS` whose parameter `cfg` does not have (the book's MM reads no rq bit), each as wide as
+    the chip reads it (MM's N one bit wider with ``mm_fold``)."""
     op = Op(op)
-    return {name: bits for name, bits in HW_OPERANDS[op].items()
+    return {name: field_bits(op, name, cfg) for name in HW_OPERANDS[op]
             if (op, name) not in CHIP_OPERANDS or getattr(cfg, CHIP_OPERANDS[(op, name)])}
 
 
@@ -313,19 +323,27 @@ def _bits(word, hi, lo):
     return (word >> lo) & ((1 << (hi - lo + 1)) - 1)
 
 
-def operands(word: int) -> dict:
+def operands(word: int, cfg: ChipConfig | None = None) -> dict:
     """The operands exactly as the hardware reads them (hardware spec 3.2); ignored bits are dropped.
 
-    Returns a dict with ``op`` plus the opcode's named operands. Unknown opcodes give only ``op``.
+    Returns a dict with ``op`` plus the opcode's named operands (every one of `HW_OPERANDS`, the flags of
+    `CHIP_OPERANDS` too). Unknown opcodes give only ``op``. With a chip `cfg`, each field as wide as that
+    chip reads it (MM's N on an ``mm_fold`` chip, docs/mm-fold.md); without, the book's widths.
     """
     if isinstance(word, Instr):
         word = encode(word)
     op = _bits(word, 127, 124)
     r = {"op": op}
     if op in HW_OPERANDS:
-        for name, (hi, lo) in HW_OPERANDS[Op(op)].items():
-            r[name] = _bits(word, hi, lo)
+        for name in HW_OPERANDS[Op(op)]:
+            r[name] = _bits(word, *field_bits(Op(op), name, cfg))
     return r
+
+
+def mm_fold_conflict(M: int, N: int, cfg: ChipConfig) -> bool:
+    """An MM whose N needs the folded array (N > array on an ``mm_fold`` chip) but whose M uses more than
+    half its rows: the chip stops on it with RANGE (docs/mm-fold.md)."""
+    return bool(cfg.mm_fold) and N > cfg.array and M > cfg.array // 2
 
 
 # ---- validation ----------------------------------------------------------------------------------
@@ -344,7 +362,8 @@ def issue_limits(op, cfg: ChipConfig = BOOK) -> dict[str, tuple[int, int]]:
     """
     op = Op(op)
     if op == Op.MM:
-        return {"M": (1, cfg.mm_max_mn), "K": (1, cfg.mm_max_k), "N": (1, cfg.mm_max_mn)}
+        # N up to twice the array with mm_fold, for M up to half of it (`mm_fold_conflict`)
+        return {"M": (1, cfg.mm_max_mn), "K": (1, cfg.mm_max_k), "N": (1, cfg.mm_max_n)}
     if "len" in HW_OPERANDS[op]:
         hi, lo = HW_OPERANDS[op]["len"]
         return {"len": (1, (1 << (hi - lo + 1)) - 1)}
@@ -356,11 +375,12 @@ def issue_stop(word, cfg: ChipConfig = BOOK) -> tuple[ErrorKind, int] | None:
     or None when it runs the word.
 
     OPCODE for an opcode outside `legal_ops`; else LENGTH when an operand of `issue_limits` is below its
-    range, else RANGE when one is above it. `info` (the chip's ``error_info``) is the opcode. The book's
+    range, else RANGE when one is above it or for an MM of `mm_fold_conflict`. `info` (the chip's
+    ``error_info``) is the opcode. The book's
     chip makes no error stop: it hangs on the OPCODE and LENGTH words (hardware spec 2.2), and runs the
     RANGE ones unmodelled.
     """
-    o = operands(word)
+    o = operands(word, cfg)
     op = o["op"]
     if op not in legal_ops(cfg):
         return ErrorKind.OPCODE, op
@@ -368,6 +388,8 @@ def issue_stop(word, cfg: ChipConfig = BOOK) -> tuple[ErrorKind, int] | None:
     if any(o[name] < lo for name, (lo, _) in limits.items()):
         return ErrorKind.LENGTH, op
     if any(o[name] > hi for name, (_, hi) in limits.items()):
+        return ErrorKind.RANGE, op
+    if op == Op.MM and mm_fold_conflict(o["M"], o["N"], cfg):
         return ErrorKind.RANGE, op
     return None
 
@@ -423,7 +445,7 @@ def _validate(ins, ext_words, index, cfg):
     if not isinstance(word, int) or not 0 <= word < (1 << 128):
         raise IsaError(f"instruction {index}: word {word!r} is not a 128-bit unsigned integer")
     g = decode(word)
-    o = operands(word)
+    o = operands(word, cfg)
     op = o["op"]
     try:
         name = Op(op).name
@@ -458,13 +480,17 @@ def _validate(ins, ext_words, index, cfg):
             raise IsaError(f"{where}: pc = 1 (fl bit 3) needs rq = 1 (fl bit 1): a packed C holds int8 results")
         limits = issue_limits(Op.MM, cfg)
         for k, fname in (("M", "f"), ("K", "g"), ("N", "h")):
-            hi, lo = HW_OPERANDS[Op.MM][k]
+            hi, lo = field_bits(Op.MM, k, cfg)
             if getattr(g, fname) >= 1 << (hi - lo + 1):     # e.g. N = 16 on a 16 x 16 array: N reads 4 bits
                 raise IsaError(f"{where}: {k} = {getattr(g, fname)} does not fit the {hi - lo + 1} bits the "
                                f"hardware reads of it")
             least, most = limits[k]
             if not least <= o[k] <= most:
                 raise IsaError(f"{where}: {k} = {o[k]} is outside {least}..{most}")
+        if mm_fold_conflict(o["M"], o["N"], cfg):
+            raise IsaError(f"{where}: N = {o['N']} is past the array ({cfg.array}) with M = {o['M']}: a folded MM "
+                           f"(mm_fold) computes its columns past {cfg.array} in rows {cfg.array // 2}.., so M must "
+                           f"be at most {cfg.array // 2}")
         # fields wider than what the hardware reads would be silently truncated: refuse them
         for fname in ("a", "b", "c", "x"):
             operand = OPERANDS[Op.MM][fname]
@@ -662,7 +688,7 @@ def busy_cycles(ins, lat: int = 8, cfg: ChipConfig = BOOK) -> int:
     """WAIT cycles B of one legal instruction on the chip `cfg`; the instruction costs ``seq_cycles`` + B
     cycles in all (2 + B on the book's chip; HALT: 2). Only the MM, VADD and RQ units' times depend on
     the configuration."""
-    o = operands(ins)
+    o = operands(ins, cfg)
     op = o["op"]
     if op == Op.HALT:
         return 0
@@ -750,9 +776,10 @@ def ext_port_words(cfg: ChipConfig = BOOK) -> int:
     return 1
 
 
-def macs(ins) -> int:
-    """Multiply-accumulates one instruction does: ``M*K*N`` for an MM (fused or not), 0 for the others."""
-    o = operands(ins)
+def macs(ins, cfg: ChipConfig | None = None) -> int:
+    """Multiply-accumulates one instruction does on the chip `cfg` (its N's width: docs/mm-fold.md):
+    ``M*K*N`` for an MM (fused or not), 0 for the others."""
+    o = operands(ins, cfg)
     return o["M"] * o["K"] * o["N"] if o["op"] == Op.MM else 0
 
 
@@ -793,10 +820,10 @@ def ideal_cycles(ins, cfg: ChipConfig = BOOK) -> int:
     For every legal instruction and every latency it is at most ``busy_cycles(ins, lat, cfg)`` (checked by
     tests/test_profile.py on random programs).
     """
-    o = operands(ins)
+    o = operands(ins, cfg)
     op = o["op"]
     if op == Op.MM:
-        return -(-macs(ins) // (o["M"] * o["N"]))
+        return -(-macs(ins, cfg) // (o["M"] * o["N"]))
     if op in (Op.RQ, Op.SM, Op.VADD, Op.AMAX, Op.UNPACK):
         return -(-vector_elements(ins) // vector_lanes(cfg))
     if op in (Op.LD, Op.ST) or op in RESIDENT_OPS:
@@ -856,9 +883,10 @@ def from_words32(ws) -> int:
     return w
 
 
-def describe(ins) -> str:
-    """One line of assembly for an instruction, from the bits the hardware reads."""
-    o = operands(ins)
+def describe(ins, cfg: ChipConfig | None = None) -> str:
+    """One line of assembly for an instruction, from the bits the hardware (of the chip `cfg`: MM's N on an
+    ``mm_fold`` chip) reads."""
+    o = operands(ins, cfg)
     op = o.pop("op")
     try:
         name = Op(op).name.lower()

@@ -9,8 +9,12 @@ sum_{k <= t-i-j} A[i][k] B[k][j] after edge t.
 With ``config.mm_bcast`` (docs/mm-bcast.md) row edge i goes to every PE of row i at once (no A
 pass-through registers): fed a_edge[i] = A[i][t-i] and b_edge[j] = B[t][j] (no column skew), PE(i,j) holds
 sum_{k <= t-i} A[i][k] B[k][j] after edge t, so a row is final in one cycle.
+
+With ``config.mm_fold`` too (docs/mm-fold.md) row n/2 takes its B from a second edge, ``b_fold``, instead of
+from row n/2 - 1 while ``fold`` is high: fed b_fold[j] = B'[t][j] and a_edge[n/2 + i] = A[i][t-i], the
+lower half computes A x B' in the rows n/2 .. as the upper half computes A x B in the rows 0 .. .
 """
-from amaranth.hdl import Module, Signal, signed
+from amaranth.hdl import Module, Mux, Signal, signed
 from amaranth.lib import data, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -40,6 +44,10 @@ class SystolicArray(wiring.Component):
         Element j enters column j at PE(0,j).
     c : Out(ArrayLayout(signed(32), n*n))
         PE(i,j)'s accumulator at index i*n+j: the accumulator registers themselves.
+    fold : In(1)
+        Only with ``config.mm_fold``: row n/2 takes B from ``b_fold`` instead of from the row above.
+    b_fold : In(ArrayLayout(signed(8), n))
+        Only with ``config.mm_fold``: element j enters column j at PE(n/2, j) while ``fold`` is high.
 
     Raises
     ------
@@ -52,11 +60,13 @@ class SystolicArray(wiring.Component):
         check_int(self, "n", n, 1)
         self._n = n
         self._bcast = config.mm_bcast
+        self._fold = config.mm_fold
         super().__init__({
             "clr":    In(1),
             "a_edge": In(data.ArrayLayout(signed(8), n)),
             "b_edge": In(data.ArrayLayout(signed(8), n)),
             "c":      Out(data.ArrayLayout(signed(32), n * n)),
+            **({"fold": In(1), "b_fold": In(data.ArrayLayout(signed(8), n))} if config.mm_fold else {}),
         })
 
     @property
@@ -85,6 +95,9 @@ class SystolicArray(wiring.Component):
                 pe = i * n + j
                 a_in = self.a_edge[i] if j == 0 or self._bcast else a_out[pe - 1]
                 b_in = self.b_edge[j] if i == 0 else b_out[pe - n]
+                if self._fold and i == n // 2:
+                    # the folded MM's second column group enters here (docs/mm-fold.md)
+                    b_in = Mux(self.fold, self.b_fold[j], b_in)
                 # The 16-bit signed product added into 32 bits; .eq truncates the sum (wrap).
                 a_pass = [] if self._bcast else [a_nxt[pe].eq(a_in)]
                 m.d.comb += [*a_pass, b_nxt[pe].eq(b_in), acc_nxt[pe].eq(acc[pe] + a_in * b_in)]

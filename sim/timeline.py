@@ -81,7 +81,7 @@ def build_events(config: ChipConfig, runs, labels=None) -> list[dict]:
                 # a run's last entry is its HALT: here an error stop's, issued whatever the ROM holds
                 # (docs/resident.md)
                 word = 0
-            o = operands(word)
+            o = operands(word, config)
             op = o.pop("op")
             name = Op(op).name
             fields = {k: v for k, v in o.items() if k in hw_operands(op, config)}
@@ -95,7 +95,7 @@ def build_events(config: ChipConfig, runs, labels=None) -> list[dict]:
                 tid = tracks[op][0]
                 ev.append({"name": name, "cat": COUNTER_OF[Op(op)], "ph": "X", "ts": offset + e.issue + 1,
                            "dur": e.busy, "pid": PID, "tid": tid,
-                           "args": {**common, **fields, "asm": describe(word)}})
+                           "args": {**common, **fields, "asm": describe(word, config)}})
         offset += c[0]
     return ev
 

@@ -17,7 +17,7 @@ from amaranth.lib import data, wiring
 from amaranth.lib.wiring import In, Out
 
 from hdl.config import BOOK
-from hdl.isa import HW_OPERANDS, Op, busy_cycles, hw_operands, issue_limits
+from hdl.isa import HW_OPERANDS, Op, busy_cycles, field_bits, hw_operands, issue_limits
 from hdl.properties import UNIT_PROPERTIES, History, checking, unit_protocol
 from hdl.scratchpad import SpadPort
 
@@ -80,9 +80,10 @@ def completion_counter(m, start, busy, width=COMPLETION_BITS):
     return waited
 
 
-def operand(ins, op, name):
-    """Operand `name` of opcode `op`, sliced from the instruction word `ins` (``HW_OPERANDS`` bits)."""
-    hi, lo = HW_OPERANDS[op][name]
+def operand(ins, op, name, cfg=None):
+    """Operand `name` of opcode `op`, sliced from the instruction word `ins` (``HW_OPERANDS`` bits, or with
+    a chip `cfg` the bits it reads: ``hdl.isa.field_bits``)."""
+    hi, lo = field_bits(op, name, cfg)
     return ins[lo:hi + 1]
 
 
@@ -95,7 +96,7 @@ def operand_layout(op, cfg=None):
 
 def operand_bits(ins, op, cfg=None):
     """Every operand of `op` from `ins`, concatenated in `operand_layout(op, cfg)` order."""
-    return Cat(operand(ins, op, name) for name in (HW_OPERANDS[op] if cfg is None else hw_operands(op, cfg)))
+    return Cat(operand(ins, op, name, cfg) for name in (HW_OPERANDS[op] if cfg is None else hw_operands(op, cfg)))
 
 
 class Scoped:

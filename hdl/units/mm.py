@@ -155,7 +155,8 @@ class MatrixUnit(SpadUnit):
         # n_arr+i is B memory i. Each element has its own write enable, and read port i serves A
         # memory i and B memory i (both read at k = (t - i) mod row_depth), so they are the same
         # memories; a simulator sees one write port per edge instead of 2*n_arr.
-        m.submodules.opmem = opmem = Memory(shape=data.ArrayLayout(signed(8), 2 * n_arr * L),
+        # A folding chip (docs/mm-fold.md) has n_arr more B lanes: columns n_arr .. 2*n_arr-1 of a wide B.
+        m.submodules.opmem = opmem = Memory(shape=data.ArrayLayout(signed(8), (2 + cfg.mm_fold) * n_arr * L),
                                             depth=max(1, cfg.row_depth // L), init=[])
         wr = opmem.write_port(granularity=1)
         # a broadcast array (docs/mm-bcast.md) reads every column's B at one k: one more port, at t
@@ -386,9 +387,14 @@ class MatrixUnit(SpadUnit):
         if cfg.mm_rq:
             regs = self._load_rq_regs(m)
         self._elements = []
+        row = mi[:lg]
+        if cfg.mm_fold:
+            # a folded MM's columns n_arr.. (ni's bit lg) are in rows n_arr/2 + m (docs/mm-fold.md); then m
+            # < n_arr/2, and without the fold ni < n_arr: the row's top bit is either's
+            row = Cat(mi[:lg - 1], mi[lg - 1] | ni[lg])
         for i in range(lanes):
             col = Cat(Const(i, lg_l), ni[lg_l:])[:lg]
-            c_out = array.c[Cat(col, mi[:lg])] if lg else array.c[0]
+            c_out = array.c[Cat(col, row)] if lg else array.c[0]
             element = Signal(32, name=f"element{i}")
             if cfg.mm_rq:
                 rq = Requantizer(config=cfg)
@@ -603,12 +609,26 @@ class MatrixUnit(SpadUnit):
         # Skewed feed: row i gets A[i][t-i] and column i gets B[t-i][i] (B[t][i] when broadcast) while they
         # exist, else 0.
         running = Signal()
+        a_row = []
         for i in range(n_arr):
             in_k = (t < K) if i == 0 else (t >= i) & (t - i < K)
+            a_row.append(Mux(running & (i < M) & in_k, fed[i][0], 0))
             m.d.comb += [
-                array.a_edge[i].eq(Mux(running & (i < M) & in_k, fed[i][0], 0)),
+                array.a_edge[i].eq(a_row[i]),
                 array.b_edge[i].eq(Mux(running & (i < N) & ((t < K) if cfg.mm_bcast else in_k), fed[i][1], 0)),
             ]
+        if cfg.mm_fold:
+            # A folded MM (docs/mm-fold.md): rows h + i repeat rows i's A, and the second B feed, entering at
+            # row h, carries columns n_arr .. N-1 unskewed (B[t][n_arr + j]) from the broadcast port's lanes
+            folded, h = self._folded, n_arr // 2
+            m.d.comb += array.fold.eq(folded)
+            with m.If(folded):
+                m.d.comb += [array.a_edge[h + i].eq(a_row[i]) for i in range(h)]
+            for j in range(n_arr):
+                lane = 2 * n_arr + j
+                b2 = (port.data[lane] if L == 1 else
+                      port.data.as_value().word_select(lane * L + k_b[:lg_load], 8).as_signed())
+                m.d.comb += array.b_fold[j].eq(Mux(running & (n_arr + j < N) & (t < K), b2, 0))
         return running
 
     def _drive_waddr(self, m, oaddr, opr):
@@ -712,7 +732,7 @@ class MatrixUnit(SpadUnit):
         # only, so they are computed from the instruction register's fields and latched at E0 with the
         # operands (`sched`): no arithmetic between the operand register and the array's feed, where the
         # chip's longest path ran once the requantizer had its register (docs/synthesis.md).
-        M_i, K_i, N_i = (operand(self.ins, Op.MM, f) for f in ("M", "K", "N"))
+        M_i, K_i, N_i = (operand(self.ins, Op.MM, f, cfg) for f in ("M", "K", "N"))
         if cfg.mm_pack_c:
             packed_n = operand(self.ins, Op.MM, "pb") & ~operand(self.ins, Op.MM, "tb")
             b_words_i = Mux(packed_n, (N_i + 3) >> 2, N_i)
@@ -753,6 +773,11 @@ class MatrixUnit(SpadUnit):
         start = prod - km1 + (1 + c_b_i if cfg.mm_bcast else 2)
         sched = [c_a.eq(c_a_i), c_b.eq(c_b_i), c.eq(c_i), s_run.eq(start),
                  x_out.eq(prod + first_i)]
+        self._folded = None
+        if cfg.mm_fold:
+            # N past the array: its columns n_arr.. in rows n_arr/2.. (docs/mm-fold.md), latched at E0 too
+            self._folded = Signal(name="folded")
+            sched.append(self._folded.eq(N_i > n_arr))
         # x runs to the last write, X0 + M*N - 1; t = x - S, as wide (no wrap back into 0..K+M+N-3)
         x = Signal(range(span + n_arr + n_arr * n_arr + 2 + slack), name="x")
         t = Signal.like(x, name="t")
@@ -787,9 +812,9 @@ class MatrixUnit(SpadUnit):
         # n_arr + i) from B's port i % L in group i // L, or packed byte i % 4 of port (i // 4) % L in
         # group i // (4L); element k_d mod L of entry k_d // L.
         sub_ok = [k_d[:lg_load] == s for s in range(L)] if L > 1 else [1]
-        en_a, en_b = [], []
-        for i in range(n_arr):
-            a_val = a_words[i % L][:8].as_signed()
+
+        def b_column(i):
+            """Column i of B in the words read now: its value, and whether this cycle's group holds it."""
             b_val = b_words_in[i % L][:8].as_signed()
             b_grp = g_d == i // L
             if cfg.mm_pack:
@@ -799,9 +824,22 @@ class MatrixUnit(SpadUnit):
             if cfg.mm_pack_c:
                 # packed along k: byte k % 4 of column i's word, in tb's group
                 b_val = Mux(pk, b_words_in[i % L].word_select(k_d[:2], 8).as_signed(), b_val)
+            return b_val, b_grp
+
+        en_a, en_b = [], []
+        for i in range(n_arr):
+            a_val = a_words[i % L][:8].as_signed()
+            b_val, b_grp = b_column(i)
             for s in range(L):
                 m.d.comb += [wr.data[i * L + s].eq(a_val), wr.data[(n_arr + i) * L + s].eq(b_val)]
                 en_a.append(va & (g_d == i // L) & sub_ok[s])
+                en_b.append(vb & b_grp & sub_ok[s])
+        # a folding chip's columns n_arr .. 2*n_arr-1 (docs/mm-fold.md): B lanes staged as the others, from
+        # the same ports and groups their column numbers give
+        for i in range(n_arr, n_arr * (1 + cfg.mm_fold)):
+            b_val, b_grp = b_column(i)
+            for s in range(L):
+                m.d.comb += wr.data[(n_arr + i) * L + s].eq(b_val)
                 en_b.append(vb & b_grp & sub_ok[s])
         m.d.comb += [wr.addr.eq(k_d >> lg_load), wr.en.eq(Cat(*en_a, *en_b))]
 

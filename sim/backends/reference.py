@@ -20,7 +20,7 @@ from hdl.arith import (EXP_TABLE, SOFTMAX_NUM, argmax_first, divu, requant, s8, 
                        unpack_word, vadd_sat)
 from hdl.config import BOOK, ChipConfig
 from hdl.isa import (COUNTER_INDEX, COUNTER_OF, RESIDENT_OPS, ErrorKind, IsaError, Op, busy_cycles, issue_stop,
-                     legal_ops, operands, resident_busy_cycles, resident_runs, seq_cycles, validate)
+                     legal_ops, mm_fold_conflict, operands, resident_busy_cycles, resident_runs, seq_cycles, validate)
 from hdl.isa import MM_RQ_OPS
 
 from sim.backends import (MAX_CYCLES, Backend, BadInput, DidNotHalt, ErrorStop, RunResult, SimError,
@@ -107,7 +107,7 @@ class ReferenceMachine(Backend):
         last_issue = 0          # the cycle the last instruction was issued in
         while True:
             word = rom[pc & rom_mask]
-            o = operands(word)
+            o = operands(word, cfg)
             op = o["op"]
             seq = seq_cycles(issued, cfg)
             if seq:
@@ -201,7 +201,7 @@ class ReferenceMachine(Backend):
             if 0 in (o["M"], o["K"], o["N"]):
                 raise DidNotHalt(f"did not halt within {limit} cycles (pc {pc}: MM with M, K or N = 0)")
             n, k = cfg.mm_max_mn, cfg.mm_max_k
-            if o["M"] > n or o["N"] > n or o["K"] > k:
+            if o["M"] > n or o["N"] > cfg.mm_max_n or o["K"] > k or mm_fold_conflict(o["M"], o["N"], cfg):
                 raise IllegalInstruction(f"instruction {pc} (MM): M={o['M']} K={o['K']} N={o['N']} "
                                          f"exceeds the {n}x{n} array / {k}-deep operand memories (not modelled)")
         elif op in RESIDENT_OPS or op in MM_RQ_OPS:

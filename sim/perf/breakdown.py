@@ -64,7 +64,7 @@ class ClassFigures:
 def instr_class(word: int, config: ChipConfig) -> str | None:
     """The class of one instruction word on the chip `config`: its opcode's name, ``MM+rq`` for an MM whose
     ``rq`` flag the chip reads (an mm_rq chip), None for HALT."""
-    o = operands(word)
+    o = operands(word, config)
     op = o["op"]
     if op == Op.HALT:
         return None
@@ -106,7 +106,7 @@ def breakdown(runs, config: ChipConfig) -> dict[str, ClassFigures]:
             f.count += 1
             f.busy += e.busy
             f.ideal += ideal
-            f.macs += macs(word)
+            f.macs += macs(word, config)
             f.ext_words += ext_words(word)
     return rows
 
@@ -146,8 +146,8 @@ def run_figures(program, trace, config: ChipConfig) -> dict:
     out = {"macs": 0, "ext_words": 0, "rows": 0}
     for e in trace:
         word = words[e.pc] if e.pc < len(words) else 0
-        o = operands(word)
-        out["macs"] += macs(word)
+        o = operands(word, config)
+        out["macs"] += macs(word, config)
         out["ext_words"] += ext_words(word)
         if o["op"] == Op.MM:
             out["rows"] = max(out["rows"], o["M"])
