@@ -14,7 +14,8 @@ integers are those of the unfused program.
 On a chip with ``mm_pack = 1`` (docs/mm-fast.md) the int8 weights that only feed matmuls as their
 untransposed B operand are stored four a word (`compiler.buffers.packed_weights`): their LD moves
 ceil(cols/4) words a row, and their tiles read them with ``pb = 1``, the B address and ``ldb`` in words
-(a tile's first column is a multiple of the array size, hence of 4, or the compiler refuses).
+(a tile's first column is a multiple of the array size, hence of 4, or the compiler refuses). On a chip with
+``mm_fold = 1`` (docs/mm-fold.md) a tile of at most half the array's rows is up to twice the array wide.
 
 On a chip with ``mm_pack_c = 1`` (docs/mm-pack-c.md) the activations of `compiler.buffers.
 packed_activations` are kept four int8 a word as well: the matmuls that write them do so with ``pc = 1``
@@ -272,7 +273,10 @@ def compile_graph(graph: Graph, calib_samples, ranges=None, ext_words: int | Non
             b_row = row_words(B, pb)
             ldc = row_words(n, pc)
             for i0 in range(0, m, tile):
-                for j0 in range(0, nn, tile):
+                # a tile of at most half the array's rows takes up to twice its columns on a folding chip
+                # (docs/mm-fold.md): one MM where two would be
+                width = config.mm_max_n if min(tile, m - i0) <= tile // 2 else tile
+                for j0 in range(0, nn, width):
                     if (pb and not tb or pc) and j0 % PACK:
                         what = B.label() if pb and not tb else f"result {n.label()}"
                         raise CompileError(f"{n.label()}: a tile starting at column {j0} of the packed "
@@ -284,7 +288,7 @@ def compile_graph(graph: Graph, calib_samples, ranges=None, ext_words: int | Non
                     if pc:
                         flags["pc"] = 1
                     emit(isa.mm(c_addr, srcs[0] + i0 * k, b_addr,
-                                min(tile, m - i0), k, min(tile, nn - j0), lda=k, ldb=b_row, ldc=ldc,
+                                min(tile, m - i0), k, min(width, nn - j0), lda=k, ldb=b_row, ldc=ldc,
                                 **flags),
                          f"node {n.id} tile " + (f"i0={i0} " if m > tile else "") + f"j0={j0}")
             if not fused_rq:

@@ -454,7 +454,9 @@ class MatrixUnit(SpadUnit):
         """"mm"; "mm_rq" on an mm_rq chip, "mm_rq_pipe" on one with rq_pipe too; "mm_fast" on an mm_pack or
         mm_overlap chip without mm_rq; "mm_pack_c" on an mm_pack_c chip (docs/mm-pack-c.md); "mm_lanes" on a chip
         with drain lanes (``spad_lanes`` > 1, docs/spad-lanes.md); "mm_bcast" with a broadcast array too
-        (docs/mm-bcast.md)."""
+        (docs/mm-bcast.md); "mm_fold" with the folded second column group too (docs/mm-fold.md)."""
+        if cfg.mm_fold:
+            return "mm_fold"
         if cfg.mm_bcast:
             return "mm_bcast"
         if cfg.spad_lanes > 1:
@@ -712,6 +714,7 @@ class MatrixUnit(SpadUnit):
         the array's last skew cycles run; the last write finishes). x counts the cycles from W1 (x = 0)."""
         cfg = self.config
         n_arr, L = cfg.array, cfg.mm_load
+        n_b = cfg.mm_max_n             # B's columns: twice the array's on a folding chip (docs/mm-fold.md)
         lg_load = (L - 1).bit_length()
         dst, lda, ldb = opr.dst, opr.lda, opr.ldb
         M, K, N = opr.M, opr.K, opr.N
@@ -741,10 +744,10 @@ class MatrixUnit(SpadUnit):
         else:
             b_words_i = N_i
         c_a_i = Signal(range(n_arr + 1), name="c_a_i")
-        c_b_i = Signal(range(n_arr + 1), name="c_b_i")
-        c_i = Signal(range(n_arr + 1), name="c_k_i")
+        c_b_i = Signal(range(n_b + 1), name="c_b_i")
+        c_i = Signal(range(n_b + 1), name="c_k_i")
         km1 = Signal(len(K), name="km1")
-        span = cfg.row_depth * n_arr
+        span = cfg.row_depth * n_b
         prod = Signal(range(span + 1), name="prod")
         m.d.comb += [
             c_a_i.eq((M_i + (L - 1)) >> lg_load), c_b_i.eq((b_words_i + (L - 1)) >> lg_load),
@@ -752,12 +755,12 @@ class MatrixUnit(SpadUnit):
             km1.eq(K_i - 1), prod.eq(km1 * c_i),
         ]
         c_a = Signal(range(n_arr + 1), name="c_a")
-        c_b = Signal(range(n_arr + 1), name="c_b")
-        c = Signal(range(n_arr + 1), name="c_k")
+        c_b = Signal(range(n_b + 1), name="c_b")
+        c = Signal(range(n_b + 1), name="c_k")
         s_run = Signal(range(span + 3), name="s_run")
         if cfg.spad_lanes > 1:
             # drain lanes (docs/spad-lanes.md): X0 = (K-1)*C + max(3 + N - G, C - 1), G = ceil(N/lanes)
-            late_i = Signal(range(n_arr + 4), name="late_i")
+            late_i = Signal(range(n_b + 4), name="late_i")
             if cfg.mm_bcast:
                 # a broadcast array's row is final at once, but its start waits cB - 1 cycles for B's last
                 # group of a k (docs/mm-bcast.md): X0 = (K-1)*C + max(2 + cB, C - 1)
@@ -785,7 +788,7 @@ class MatrixUnit(SpadUnit):
 
         # Staging: k and group g of the read going out now; pointers of A's and B's group and k bases.
         ks = Signal(len(K), name="ks")
-        gs = Signal(range(n_arr + 1), name="gs")
+        gs = Signal(range(n_b + 1), name="gs")
         stg = Signal(name="stg")
         pa, ra = self.addr_signal("pa"), self.addr_signal("ra")
         pbp, rb = self.addr_signal("pbp"), self.addr_signal("rb")

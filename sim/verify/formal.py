@@ -93,8 +93,9 @@ def _unit_chips():
     with two drain lanes (docs/spad-lanes.md, scope mm_lanes: two requantizers, a packed word's half held);
     RQ and VADD with two vector lanes (docs/vec-lanes.md, scopes rq_lanes with two piped requantizers and
     vadd_lanes: four read words and two written a cycle); the drain-lanes MM unit with a broadcast array
-    (docs/mm-bcast.md, scope mm_bcast: every column takes k at once, the start later by B's groups).
-    Every unit of the presets has its scope among theirs (tests/test_formal.py)."""
+    (docs/mm-bcast.md, scope mm_bcast: every column takes k at once, the start later by B's groups); the same
+    folding a wide MM into its lower rows (docs/mm-fold.md, scope mm_fold: N up to 8 on the 4x4 array for M <=
+    2). Every unit of the presets has its scope among theirs (tests/test_formal.py)."""
     from dataclasses import replace
 
     from hdl.config import BOOK
@@ -104,7 +105,9 @@ def _unit_chips():
             replace(BOOK, mm_rq=1, mm_pack=1, mm_overlap=1, rq_pipe=1, mm_pack_c=1),
             replace(BOOK, mm_rq=1, mm_pack=1, mm_overlap=1, rq_pipe=1, mm_pack_c=1, spad_lanes=2),
             replace(BOOK, vadd_ports=2, mm_overlap=1, rq_pipe=1, spad_lanes=2, vec_lanes=2),
-            replace(BOOK, mm_rq=1, mm_pack=1, mm_overlap=1, rq_pipe=1, mm_pack_c=1, spad_lanes=2, mm_bcast=1))
+            replace(BOOK, mm_rq=1, mm_pack=1, mm_overlap=1, rq_pipe=1, mm_pack_c=1, spad_lanes=2, mm_bcast=1),
+            replace(BOOK, mm_rq=1, mm_pack=1, mm_overlap=1, rq_pipe=1, mm_pack_c=1, spad_lanes=2, mm_bcast=1,
+                    mm_fold=1))
 
 
 UNIT_CHIPS = _unit_chips()

@@ -25,8 +25,8 @@ from array import array
 from dataclasses import dataclass
 
 from hdl.config import BOOK
-from hdl.isa import (HW_OPERANDS, SPAD_WORDS, Instr, Op, amax, busy_cycles, halt, hw_operands, issue_limits,
-                     issue_stop, ld, legal_ops, mm, rq, rqc, sm, st, unpack, validate, vadd)
+from hdl.isa import (SPAD_WORDS, Instr, Op, amax, busy_cycles, field_bits, halt, hw_operands, issue_limits, issue_stop,
+                     ld, legal_ops, mm, rq, rqc, sm, st, unpack, validate, vadd)
 
 from sim.backends import MAX_CYCLES, MAX_LAT
 from sim.formats.hexfile import ProgramRecord, make_record
@@ -86,9 +86,12 @@ def _mm_shape(rng: random.Random, fast) -> tuple[int, int, int, int, int, int]:
     """(M, N, K, tb, pb, words of one k of B) of a random MM on the chip `fast` (None: the book's array of 4),
     drawn in the one order both generators use (so a seed gives the same programs as before). On an
     mm_pack_c chip half the packed Bs are transposed (tb = pb = 1): the last item is then the words of one
-    n, ceil(K/4)."""
+    n, ceil(K/4). On an mm_fold chip half the MMs of at most half the array's rows are wide (N past the
+    array, docs/mm-fold.md): drawn after the others, so that no other chip's programs change."""
     top = 4 if fast is None else fast.array
     M, N = rng.randint(1, top), rng.randint(1, top)
+    if fast is not None and fast.mm_fold and M <= top // 2 and rng.random() < 0.5:
+        N = rng.randint(top + 1, fast.mm_max_n)
     K = rng.choice([1, 64, rng.randint(2, 63)])
     tb = rng.randint(0, 1)
     pb, pw = _packed_b(rng, fast, N)
@@ -164,7 +167,7 @@ class _Gen:
         M, N, K, tb, pb, pw = _mm_shape(rng, self.fast)
         lda = rng.choice([K, K, rng.randint(0, K + 8)])
         ldb = rng.choice([pw if pb else K if tb else N, rng.randint(0, 70)])
-        ldc = rng.choice([N, N, rng.randint(N, 12), rng.randint(0, N)])
+        ldc = rng.choice([N, N, rng.randint(N, max(N, 12)), rng.randint(0, N)])
         span_a = (M - 1) * lda + K
         span_b = _span_b(N, K, tb, pb, pw, ldb)
         span_c = (M - 1) * ldc + N
@@ -709,7 +712,7 @@ def stop_word(rng: random.Random, cfg) -> int:
         elif kind > 0:
             op = rng.choice(checked)
             name, (least, most) = rng.choice(sorted(issue_limits(op, cfg).items()))
-            hi, lo = HW_OPERANDS[op][name]
+            hi, lo = field_bits(op, name, cfg)
             top = (1 << (hi - lo + 1)) - 1
             if kind == 2 and most >= top:
                 continue                    # no value of this field is past its range
