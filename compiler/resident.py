@@ -8,10 +8,12 @@ Three kinds of program share one `ResidentLayout`:
 * a step program per (context, first cached row within the table, table length) (`compile_step`): the
   book's lowering of the same graph (``compiler.emit.compile_graph``) with the weights ``placed`` where
   the load program left them (no weight loads), in which the LD of the input row x reads the mailbox,
-  the loads of kc/vc become GATHERs through the block table, the stores of k_new/v_new become SCATTERs
-  into the new row's page slot, and tok/logits are stored into the mailbox's output words;
+  the K and V rows move to a region of their own (`plan_kv`, `interleave_kv`: a position's K row and V
+  row side by side, as in the pool), the load of kc becomes one GATHER of the cached K and V rows through
+  the block table, the store of k_new one SCATTER of the new K and V row into its page slot (vc's load and
+  v_new's store go), and tok/logits are stored into the mailbox's output words;
 * a page copy (`compile_page_copy`): copy-on-write of a partly filled page done by the chip (GATHER of
-  the page's rows into scratch words, SCATTER into the new page), for the K and the V pool.
+  the page's rows into scratch words, SCATTER into the new page).
 
 Pure Python: imports `hdl.isa`, `hdl.arith`, `hdl.config` and the compiler, never a simulator.
 
@@ -21,7 +23,9 @@ External memory (words)::
     D                 the block table, one page number a word (table_cap words)
     D + table_cap     tok (1 word), then logits (V words)
     staging           the weights, in scratchpad order (written by the host once, for the load program)
-    k_base, v_base    the K and V pools: pool_pages pages of 2**page_log2 rows of 2**row_log2 words
+    k_base            the pool: pool_pages pages of 2**page_log2 rows of 2**(row_log2 + 1) words, each
+                      row a position's K row (2**row_log2 words) then its V row (v_base = k_base +
+                      2**row_log2)
 
 Scratchpad: ``[0, spad_limit)`` belongs to the step programs' allocator (and to the page copy's scratch
 rows); the block table sits at ``table_addr`` (table_cap words) and the weights from ``weights_base`` to
@@ -35,6 +39,7 @@ k_new and v_new are written with ``pc = 1``, kc and vc read with ``pb = 1``), so
 from __future__ import annotations
 
 import dataclasses
+import re
 from dataclasses import dataclass
 
 from hdl import isa
@@ -48,7 +53,8 @@ from .graph import CompileError, Graph
 from .image import quantize_matrix
 
 __all__ = ["ResidentLayout", "plan_layout", "LoadProgram", "compile_load", "compile_step", "finish_program",
-           "compile_page_copy", "check_same_weights", "check_row_round_trip", "mailbox_words", "finish_program"]
+           "compile_page_copy", "check_same_weights", "check_row_round_trip", "mailbox_words", "KVPlan",
+           "plan_kv", "KVRewrite", "interleave_kv"]
 
 
 def _log2(n: int) -> int | None:
@@ -64,16 +70,17 @@ class ResidentLayout:
     config : hdl.config.ChipConfig
         The chip (``gather`` must be 1).
     row_words, page_rows, pool_pages : int
-        Words of one cache row (a power of two: one int8 a word), rows of one page (a power of two),
-        pages of each pool.
+        Words of one K (or V) row (a power of two: ceil(D / 4) on an mm_pack_c chip, D elsewhere), rows
+        of one page (a power of two), pages of the pool.
     weights : dict
         Weight name -> (scratchpad address, words), in scratchpad order (the staging order too).
     weights_base, table_addr, table_cap, spad_limit : int
         Scratchpad: first word of the weights, the block table's first word and its capacity, and the
         words below the table that the step programs' allocator may use.
     x_addr, table_ext, tok_addr, logits_addr, staging, k_base, v_base, ext_needed : int
-        External memory: the mailbox (x, the table, tok, logits), the weights' staging area, the two
-        pools, and the words the layout needs in all.
+        External memory: the mailbox (x, the table, tok, logits), the weights' staging area, the pool
+        (``k_base``: its row holds a position's K row then its V row, ``pool_row_words`` words; ``v_base``
+        = ``k_base + row_words``, where V's half of row 0 starts), and the words the layout needs in all.
     packed : frozenset
         Names of the weights stored four int8 a word (mm_pack chips; empty on any other).
     """
@@ -105,8 +112,17 @@ class ResidentLayout:
         return _log2(self.row_words)
 
     @property
+    def pool_row_words(self) -> int:
+        """Words of one pool row: a position's K row, then its V row."""
+        return 2 * self.row_words
+
+    @property
+    def pool_row_log2(self) -> int:
+        return _log2(self.pool_row_words)
+
+    @property
     def pool_words(self) -> int:
-        return self.pool_pages * self.page_rows * self.row_words
+        return self.pool_pages * self.page_rows * self.pool_row_words
 
     def weight_words(self) -> int:
         return sum(n for _, n in self.weights.values())
@@ -169,12 +185,13 @@ def plan_layout(graph: Graph, config: ChipConfig, page_rows: int, pool_pages: in
     logits_addr = tok_addr + (outs["tok"].size if "tok" in outs else outs["logits"].rows)
     staging = logits_addr + outs["logits"].size
     k_base = staging + total
-    pool_words = pool_pages * page_rows * row_words
-    v_base = k_base + pool_words
-    ext_needed = v_base + pool_words
+    # one pool: a position's K row and V row side by side, so one GATHER/SCATTER moves both
+    pool_words = pool_pages * page_rows * 2 * row_words
+    v_base = k_base + row_words
+    ext_needed = k_base + pool_words
     if ext_needed > config.ext_words:
-        raise CompileError(f"the resident layout needs {ext_needed} external words (two pools of "
-                           f"{pool_pages} pages of {page_rows} rows of {row_words} words, the weights' "
+        raise CompileError(f"the resident layout needs {ext_needed} external words (a pool of "
+                           f"{pool_pages} pages of {page_rows} rows of 2 x {row_words} words, the weights' "
                            f"{total}, the mailbox); the chip has ext_words={config.ext_words}")
     return ResidentLayout(config=config, row_words=row_words, page_rows=page_rows, pool_pages=pool_pages,
                           weights=weights, weights_base=weights_base, table_addr=table_addr,
@@ -305,14 +322,17 @@ def compile_step(layout: ResidentLayout, graph: Graph, calib_samples, ranges, lo
     if new_row >= 256:
         raise CompileError(f"step program: row {new_row} does not fit the 8-bit lo/hi fields")
     placed = {name: addr for name, (addr, _) in layout.weights.items()}
+    kv = plan_kv(graph, layout.row_words)
+    at = layout.spad_limit - kv.reserve        # the K/V rows' region, kept from the allocator
     P = compile_graph(graph, calib_samples, ranges=ranges, ext_words=cfg.ext_words, config=cfg,
-                      placed=placed, spad_limit=layout.spad_limit)
+                      placed=placed, spad_limit=at)
     check_row_round_trip(P)
     if weights is not None:
         check_same_weights(weights, P, f"the step program of context {n_cached + 1}")
+    moved = interleave_kv(P, kv, at)
     e = P.ext_map
     common = dict(table=layout.table_addr, table_len=table_len, page_log2=layout.page_log2,
-                  row_log2=layout.row_log2, pool_pages=layout.pool_pages)
+                  row_log2=layout.pool_row_log2, pool_pages=layout.pool_pages)
     instrs, notes = [], []
 
     def put(ins, note):
@@ -320,7 +340,7 @@ def compile_step(layout: ResidentLayout, graph: Graph, calib_samples, ranges, lo
         notes.append(note)
 
     put(isa.ld(layout.table_addr, layout.table_ext, table_len), "load the block table (mailbox)")
-    for ins, note in zip(P.instrs, P.notes):
+    for ins, note in zip(moved.instrs, P.notes):
         o = isa.operands(ins)
         op = o["op"]
         if op == isa.Op.LD:
@@ -328,11 +348,10 @@ def compile_step(layout: ResidentLayout, graph: Graph, calib_samples, ranges, lo
             if src == e["x"].address:
                 put(isa.ld(o["dst"], layout.x_addr, o["len"]), "load x (mailbox)")
             elif "kc" in e and src == e["kc"].address:
-                put(isa.gather(o["dst"], base=layout.k_base, lo=lo_rel, hi=new_row, **common),
-                    f"gather kc rows {lo_rel}..{new_row - 1}")
+                put(isa.gather(moved.block, base=layout.k_base, lo=lo_rel, hi=new_row, **common),
+                    f"gather kc and vc rows {lo_rel}..{new_row - 1}")
             elif "vc" in e and src == e["vc"].address:
-                put(isa.gather(o["dst"], base=layout.v_base, lo=lo_rel, hi=new_row, **common),
-                    f"gather vc rows {lo_rel}..{new_row - 1}")
+                pass                            # vc's rows came with kc's
             else:
                 raise CompileError(f"step program: unexpected load {isa.describe(ins)} ({note})")
         elif op == isa.Op.ST:
@@ -342,11 +361,10 @@ def compile_step(layout: ResidentLayout, graph: Graph, calib_samples, ranges, lo
             elif dst == e["logits"].address:
                 put(isa.st(o["src"], layout.logits_addr, o["len"]), "store logits (mailbox)")
             elif dst == e["k_new"].address:
-                put(isa.scatter(o["src"], base=layout.k_base, lo=new_row, hi=new_row + 1, **common),
-                    f"scatter k row {new_row}")
+                put(isa.scatter(moved.new, base=layout.k_base, lo=new_row, hi=new_row + 1, **common),
+                    f"scatter k and v row {new_row}")
             elif dst == e["v_new"].address:
-                put(isa.scatter(o["src"], base=layout.v_base, lo=new_row, hi=new_row + 1, **common),
-                    f"scatter v row {new_row}")
+                pass                            # v's row went with k's
             else:
                 raise CompileError(f"step program: unexpected store {isa.describe(ins)} ({note})")
         else:
@@ -373,6 +391,209 @@ def finish_program(P: Program, instrs: list, notes: list, layout: ResidentLayout
                                ext_words=layout.ext_needed, ext_size=cfg.ext_words)
 
 
+# ---- one pool for K and V: a position's K row and V row side by side (docs/resident.md) -----------------
+
+_TILE_NOTE = re.compile(r"node (\d+) tile\b")
+
+
+@dataclass(frozen=True)
+class KVPlan:
+    """Where a step or batch program keeps its K and V rows, so that one GATHER brings a row's cached keys
+    and values and one SCATTER stores its new k and v (the pool's row is K's words then V's words).
+
+    Every K (V) row the attention reads or the projection writes is moved out of the allocator's buffers
+    into a region the caller reserves above the allocator's limit: row r of a block at ``block + r * 2 *
+    row_words`` (its V half ``row_words`` further), the new rows likewise at ``new``.
+
+    Attributes
+    ----------
+    row_words : int
+        Words of one K (or V) row (the layout's `row_words`); a pool row is twice as long.
+    k_node, v_node : int
+        The k and v projections (the matmuls stored as k_new and v_new).
+    new_rows : int
+        Rows of k_new (the batch's rows).
+    pairs : tuple
+        One ``(scores matmul, attention matmul, where)`` per attending row: `where` is ``("block", kc
+        name)`` for keys and values gathered from the pool, ``("new", i)`` for row i of the new rows.
+    gathered : dict
+        The kc input's name -> its vc input's name.
+    block_rows : int
+        Rows of the largest gathered block (its new row included when it is concatenated; 0: none).
+    new_in_block : bool
+        One row whose keys are its cached rows then its own new k (`host.tiny_lm.build_graph`, a batch of
+        one): the new row is the block's last row and has no region of its own.
+    """
+    row_words: int
+    k_node: int
+    v_node: int
+    new_rows: int
+    pairs: tuple
+    gathered: dict
+    block_rows: int
+    new_in_block: bool
+
+    @property
+    def new_words(self) -> int:
+        """Words of the new rows' region (0 when the new row is the block's last)."""
+        return 0 if self.new_in_block else self.new_rows * 2 * self.row_words
+
+    @property
+    def reserve(self) -> int:
+        """Scratchpad words the caller keeps out of the allocator: the new rows, then one block (the rows
+        attend one after the other, so their blocks share it: `interleave_kv` checks the order)."""
+        return self.new_words + self.block_rows * 2 * self.row_words
+
+
+def plan_kv(graph: Graph, row_words: int) -> KVPlan:
+    """The interleaved K/V plan of a resident step or batch graph (see `KVPlan`).
+
+    Recognizes the shapes `host.tiny_lm.build_graph` and `host.batch.build_batch_graph` (resident:
+    ``own_rows`` or one row) give: each attention is ``softmax(q @ keys^T) @ vals`` where keys/vals are
+    the input kc*/vc* (all rows gathered), kc*/vc* followed by the k/v projection's one row, or a row of
+    the projections. Raises `CompileError` for any other use of those tensors.
+    """
+    nodes = graph.nodes
+    outs = {n.attrs["name"]: n for n in nodes if n.op == "output"}
+    if "k_new" not in outs or "v_new" not in outs:
+        raise CompileError("one pool for K and V needs the outputs k_new and v_new")
+    K, V = nodes[outs["k_new"].ins[0]], nodes[outs["v_new"].ins[0]]
+    if K.op != "matmul" or V.op != "matmul" or K.shape != V.shape:
+        raise CompileError(f"k_new and v_new must be matmuls of one shape ({K.label()}, {V.label()})")
+
+    def where(node, proj, prefix):
+        if node.id == proj.id:
+            return ("new", 0), False
+        if node.op == "slice" and node.ins[0] == proj.id:
+            return ("new", node.attrs["start"]), False
+        if node.op == "input" and node.attrs["name"].startswith(prefix):
+            return ("block", node.attrs["name"], node.rows), False
+        if (node.op == "concat" and nodes[node.ins[0]].op == "input" and node.ins[1] == proj.id
+                and proj.rows == 1 and nodes[node.ins[0]].attrs["name"].startswith(prefix)):
+            return ("block", nodes[node.ins[0]].attrs["name"], node.rows), True
+        raise CompileError(f"one pool for K and V: {node.label()} is not a cached block or a new row")
+
+    pairs, gathered, block_rows, concat = [], {}, 0, 0
+    readers = set()
+    for s in nodes:
+        if s.op != "matmul" or not s.attrs["transpose_b"]:
+            continue
+        smx = [nodes[c] for c in graph.consumers(s.id)]
+        att = [nodes[c] for c in graph.consumers(smx[0].id)] if len(smx) == 1 and smx[0].op == "softmax" else []
+        if len(att) != 1 or att[0].op != "matmul" or att[0].ins[0] != smx[0].id or att[0].attrs["transpose_b"]:
+            raise CompileError(f"one pool for K and V: {s.label()} is not followed by softmax and one matmul")
+        a = att[0]
+        wk, ck = where(nodes[s.ins[1]], K, "kc")
+        wv, cv = where(nodes[a.ins[1]], V, "vc")
+        same = ck == cv and (wk == wv if wk[0] == "new" else
+                             wv[0] == "block" and wk[1][2:] == wv[1][2:] and wk[2] == wv[2])
+        if not same:
+            raise CompileError(f"one pool for K and V: {s.label()} reads keys {wk} and {a.label()} values {wv}")
+        if wk[0] == "block":
+            gathered[wk[1]] = wv[1]
+            block_rows = max(block_rows, wk[2])
+            concat += ck
+            pairs.append((s.id, a.id, ("block", wk[1])))
+        else:
+            pairs.append((s.id, a.id, wk))
+        readers |= {s.id, a.id}
+    if concat and (concat != 1 or len(pairs) != 1):
+        raise CompileError("one pool for K and V: a concatenated new row needs a batch of one row")
+    # nothing else may read these tensors: their rows live in the reserved region, not where the
+    # allocator put them
+    group = {K.id, V.id} | {n.id for n in nodes if n.op == "input" and n.attrs["name"] in
+                            set(gathered) | set(gathered.values())}
+    group |= {n.id for n in nodes if n.op in ("slice", "concat") and set(n.ins) & group}
+    for i in sorted(group):
+        for c in graph.consumers(i):
+            user = nodes[c]
+            if c in group or user.op == "output" and user.attrs["name"] in ("k_new", "v_new"):
+                continue
+            if c in readers and user.ins[1] == i and user.ins[0] != i:
+                continue
+            raise CompileError(f"one pool for K and V: {nodes[i].label()} is read by {user.label()}")
+    return KVPlan(row_words=row_words, k_node=K.id, v_node=V.id, new_rows=K.rows, pairs=tuple(pairs),
+                  gathered=gathered, block_rows=block_rows, new_in_block=bool(concat))
+
+
+@dataclass
+class KVRewrite:
+    """`interleave_kv`'s result.
+
+    Attributes
+    ----------
+    instrs : list of hdl.isa.Instr
+        The program's instructions with the K/V matmul tiles moved to the reserved region (every other
+        instruction as it was; the caller turns the kc loads into GATHERs, drops the vc loads and v_new's
+        store, and turns k_new's store into a SCATTER).
+    block : int
+        Scratchpad address where each kc load's GATHER writes (the shared block).
+    new : int
+        Address of new row 0's K half (row i at ``new + i * 2 * row_words``).
+    last_kv_write : int
+        Index of the last instruction writing a new K or V row.
+    """
+    instrs: list
+    block: int
+    new: int
+    last_kv_write: int
+
+
+def interleave_kv(P: Program, plan: KVPlan, at: int) -> KVRewrite:
+    """Rewrite the matmul tiles of `P` (compiled with ``spad_limit <= at``) for the plan's region at `at`:
+    the projections write k and v side by side (``ldc = 2 * row_words``), the scores read K^T and the
+    attention V from the interleaved rows (``ldb = 2 * row_words``). Every tile's operand keeps its row
+    and its word within the row. Raises `CompileError` when a tile's stride is not one row or when the
+    rows' gathered blocks would overlap in time."""
+    rw = plan.row_words
+    block = at + plan.new_words
+    new = block + (plan.block_rows - 1) * 2 * rw if plan.new_in_block else at
+    targets = {plan.k_node: (new, "a", "x"), plan.v_node: (new + rw, "a", "x")}
+    for s, a, (kind, key) in plan.pairs:
+        base = block if kind == "block" else new + key * 2 * rw
+        targets[s] = (base, "c", "d")
+        targets[a] = (base + rw, "c", "d")
+    tiles = {}
+    for i, note in enumerate(P.notes):
+        m = _TILE_NOTE.match(note)
+        if m and int(m.group(1)) in targets:
+            tiles.setdefault(int(m.group(1)), []).append(i)
+    lda_lo, lda_hi = isa.HW_OPERANDS[isa.Op.MM]["lda"][1], isa.HW_OPERANDS[isa.Op.MM]["lda"][0]
+    lda_bits = lda_hi - lda_lo + 1
+    instrs = list(P.instrs)
+    for nid, (base, addr, stride) in targets.items():
+        if nid not in tiles:
+            raise CompileError(f"one pool for K and V: no matmul tile of node {nid} in the program")
+        ops = [isa.operands(P.instrs[i]) for i in tiles[nid]]
+        name, ld = ("dst", "ldc") if addr == "a" else ("B", "ldb")
+        old = min(o[name] for o in ops)
+        for i, o in zip(tiles[nid], ops):
+            if o["op"] != isa.Op.MM or o[ld] != rw:
+                raise CompileError(f"one pool for K and V: {isa.describe(P.instrs[i])} ({P.notes[i]}) does not "
+                                   f"step {ld} by one row of {rw} words")
+            row, word = divmod(o[name] - old, rw)
+            ins = instrs[i]
+            if stride == "x":
+                instrs[i] = dataclasses.replace(ins, a=base + row * 2 * rw + word, x=2 * rw)
+            else:
+                lda = ins.d & ((1 << lda_bits) - 1)
+                instrs[i] = dataclasses.replace(ins, c=base + row * 2 * rw + word, d=(2 * rw << lda_bits) | lda)
+    # the rows' blocks share one region: each block's GATHER must follow the last read of the one before
+    e = P.ext_map
+    load_at = {isa.operands(w)["src"]: i for i, w in enumerate(P.instrs) if isa.operands(w)["op"] == isa.Op.LD}
+    spans = []
+    for s, a, (kind, key) in plan.pairs:
+        if kind == "block":
+            spans.append((load_at[e[key].address], max(tiles[s] + tiles[a])))
+    spans.sort()
+    for (_, end), (start, _) in zip(spans, spans[1:]):
+        if start <= end:
+            raise CompileError(f"one pool for K and V: a block is gathered (instruction {start}) before the "
+                               f"one before it is last read ({end})")
+    return KVRewrite(instrs=instrs, block=block, new=new,
+                     last_kv_write=max(tiles[plan.k_node] + tiles[plan.v_node]))
+
+
 def mailbox_words(layout: ResidentLayout, P: Program, x_row, table) -> dict:
     """External address -> word of what the host writes before a step: x quantized at its scale and
     the block table (page numbers; a hole, None, is written as an entry outside the pool)."""
@@ -388,20 +609,15 @@ def mailbox_words(layout: ResidentLayout, P: Program, x_row, table) -> dict:
 
 def compile_page_copy(layout: ResidentLayout, rows: int) -> list:
     """Copy-on-write on the chip: rows [0, rows) of the page named by table entry 0 into the page named
-    by entry 1, in the K and the V pool (each pool: a GATHER into scratch words, a SCATTER out). The host
+    by entry 1 (one GATHER of the rows' K and V words into scratch words, one SCATTER out). The host
     writes the two page numbers to the mailbox's table words."""
     if not 1 <= rows <= layout.page_rows:
         raise CompileError(f"page copy of {rows} rows: a page has {layout.page_rows}")
-    common = dict(table_len=1, page_log2=layout.page_log2, lo=0, hi=rows, row_log2=layout.row_log2,
-                  pool_pages=layout.pool_pages)
-    words = rows * layout.row_words
+    common = dict(table_len=1, page_log2=layout.page_log2, lo=0, hi=rows, row_log2=layout.pool_row_log2,
+                  pool_pages=layout.pool_pages, base=layout.k_base)
     t_old, t_new = layout.table_addr, layout.table_addr + 1
-    code = [isa.ld(layout.table_addr, layout.table_ext, 2)]
-    for i, base in enumerate((layout.k_base, layout.v_base)):
-        scratch = i * words
-        code.append(isa.gather(scratch, table=t_old, base=base, **common))
-        code.append(isa.scatter(scratch, table=t_new, base=base, **common))
-    code.append(isa.halt())
+    code = [isa.ld(layout.table_addr, layout.table_ext, 2),
+            isa.gather(0, table=t_old, **common), isa.scatter(0, table=t_new, **common), isa.halt()]
     code = [isa.encode(c) for c in code]
     try:
         isa.validate_program(code, layout.config.ext_words, cfg=layout.config)

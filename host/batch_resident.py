@@ -1,8 +1,9 @@
 """Batched programs in resident mode (issue 14 on top of issue 13, docs/resident.md).
 
-The weights stay in the scratchpad (one load program per session) and the KV cache stays in the chip's two
-page pools: each row of a batch GATHERs its cached rows through its own block table and SCATTERs its new
-k/v row into its page slot. The host writes only the mailbox: the B input rows x, the block tables of the
+The weights stay in the scratchpad (one load program per session) and the KV cache stays in the chip's page
+pool, a position's K row and V row side by side in one pool row (`compiler.resident.plan_kv`): each row of
+a batch GATHERs its cached K and V rows through its own block table (one GATHER a gathered range) and
+SCATTERs its new k and v row into its page slot (one SCATTER). The host writes only the mailbox: the B input rows x, the block tables of the
 B rows one after the other. In a batch of several rows every row's new k/v row is SCATTERed before the
 first GATHER, and each row gathers its own new row with its cached ones (``own_rows`` of
 `host.batch.build_batch_graph`): no copy of it is made in the scratchpad.
@@ -15,7 +16,7 @@ import dataclasses
 
 from compiler import CompileError, compile_graph, readback
 from compiler.resident import (check_row_round_trip, check_same_weights, compile_load, compile_page_copy,
-                               finish_program, plan_layout)
+                               finish_program, interleave_kv, plan_kv, plan_layout)
 from hdl import isa
 from hdl.arith import argmax_first, u32
 from hdl.config import BOOK, ChipConfig
@@ -37,27 +38,6 @@ def _with_own_row(ranges, new_row):
     if ranges and ranges[-1][1] == new_row:
         return ranges[:-1] + [(ranges[-1][0], new_row + 1)]
     return ranges + [(new_row, new_row + 1)]
-
-
-def _last_write(instrs, lo, n) -> int:
-    """Index of the last instruction of `instrs` that writes a scratchpad word in ``[lo, lo + n)`` (-1: none)."""
-    last = -1
-    for i, w in enumerate(instrs):
-        o = isa.operands(w)
-        op = o["op"]
-        if op == isa.Op.MM:
-            start, end = o["dst"], o["dst"] + (o["M"] - 1) * o["ldc"] + o["N"]
-        elif op in (isa.Op.LD, isa.Op.RQ, isa.Op.SM, isa.Op.VADD):
-            start, end = o["dst"], o["dst"] + o["len"]
-        elif op == isa.Op.UNPACK:
-            start, end = o["dst"], o["dst"] + 8 * o["len"]
-        elif op == isa.Op.AMAX:
-            start, end = o["dst"], o["dst"] + 1
-        else:
-            continue
-        if start < lo + n and lo < end:
-            last = i
-    return last
 
 
 class ResidentBatchRunner:
@@ -95,8 +75,8 @@ class ResidentBatchRunner:
         logits = tok + B
         staging = logits + B * V
         k_base = staging + base.weight_words()
-        v_base = k_base + base.pool_words
-        need = v_base + base.pool_words
+        v_base = k_base + base.row_words       # V's half of a pool row (compiler.resident.ResidentLayout)
+        need = k_base + base.pool_words
         if need > config.ext_words:
             raise CompileError(f"resident serving needs {need} external words (pools of {n_pages} pages of "
                                f"{page} rows, a mailbox for {B} rows); the chip has ext_words={config.ext_words}")
@@ -128,11 +108,15 @@ class ResidentBatchRunner:
         g = build_batch_graph(self.m, ctxs, own_rows=own, chip_argmax=False)
         present = {n.attrs["name"] for n in g.nodes if n.op == "weight"}
         placed = {name: addr for name, (addr, _) in lay.weights.items() if name in present}
+        kv = plan_kv(g, lay.row_words)
+        region = lay.spad_limit - kv.reserve   # the K/V rows' region, kept from the allocator
         P = compile_graph(g, [_dummy_sample(g)], ranges=self.ranges, ext_words=cfg.ext_words, config=cfg,
-                          placed=placed, spad_limit=lay.spad_limit)
+                          placed=placed, spad_limit=region)
         check_row_round_trip(P)
         if getattr(self, "weights", None) is not None:
             check_same_weights(self.weights, P, f"the batch program {ctxs}")
+        moved = interleave_kv(P, kv, region)
+        pool_row = lay.pool_row_words
         e = P.ext_map
         total_table = sum(s[1] for s in specs)
         if total_table > lay.table_cap:
@@ -145,44 +129,40 @@ class ResidentBatchRunner:
 
         def common(j):
             off, n, _, _ = specs[j]
-            return dict(table=lay.table_addr + off, table_len=n, page_log2=lay.page_log2, row_log2=lay.row_log2,
-                        pool_pages=lay.pool_pages)
+            return dict(table=lay.table_addr + off, table_len=n, page_log2=lay.page_log2,
+                        row_log2=lay.pool_row_log2, pool_pages=lay.pool_pages, base=lay.k_base)
         put(isa.ld(lay.table_addr, lay.table_ext, total_table), "load the block tables (mailbox)")
         by_addr = {ent.address: name for name, ent in e.items()}
-        stores = {by_addr.get(isa.operands(w)["dst"]): isa.operands(w)["src"] for w in P.instrs
-                  if isa.operands(w)["op"] == isa.Op.ST}
         scattered = False
 
-        def scatter_new(name, src):
-            pool = lay.k_base if name == "k_new" else lay.v_base
+        def scatter_new():
             for j, spec in enumerate(specs):
                 r = spec[3]
-                put(isa.scatter(src + j * lay.row_words, base=pool, lo=r, hi=r + 1, **common(j)),
-                    f"scatter row {j}'s {name} into row {r}")
+                put(isa.scatter(moved.new + j * pool_row, lo=r, hi=r + 1, **common(j)),
+                    f"scatter row {j}'s new k and v into row {r}")
 
-        for at, (ins, note) in enumerate(zip(P.instrs, P.notes)):
+        for at, (ins, note) in enumerate(zip(moved.instrs, P.notes)):
             o = isa.operands(ins)
             if o["op"] == isa.Op.LD and own and not scattered and (by_addr.get(o["src"]) or "")[:2] in ("kc", "vc"):
                 # the rows' new k/v go to the cache first, so that each row's gather brings its own row too;
-                # the K and V buffers must be final by now
-                for name in ("k_new", "v_new"):
-                    last = _last_write(P.instrs, stores[name], len(specs) * lay.row_words)
-                    if last >= at:
-                        raise CompileError(f"batch program {ctxs}: {name} is written at instruction {last}, "
-                                           f"after the first gather ({at})")
-                    scatter_new(name, stores[name])
+                # the new K and V rows must be final by now
+                if moved.last_kv_write >= at:
+                    raise CompileError(f"batch program {ctxs}: the new k/v rows are written at instruction "
+                                       f"{moved.last_kv_write}, after the first gather ({at})")
+                scatter_new()
                 scattered = True
             if o["op"] == isa.Op.LD:
                 name = by_addr.get(o["src"])
                 if name == "x":
                     put(isa.ld(o["dst"], lay.x_addr, o["len"]), "load x (mailbox)")
-                elif name and name[:2] in ("kc", "vc"):
+                elif name and name[:2] == "kc":
                     j = int(name[2:])
-                    pool = lay.k_base if name[0] == "k" else lay.v_base
-                    dst = o["dst"]
+                    dst = moved.block
                     for lo, hi in _with_own_row(specs[j][2], specs[j][3]) if own else specs[j][2]:
-                        put(isa.gather(dst, base=pool, lo=lo, hi=hi, **common(j)), f"gather {name} rows {lo}..{hi - 1}")
-                        dst += (hi - lo) * lay.row_words
+                        put(isa.gather(dst, lo=lo, hi=hi, **common(j)), f"gather {name} and vc{j} rows {lo}..{hi - 1}")
+                        dst += (hi - lo) * pool_row
+                elif name and name[:2] == "vc":
+                    pass                        # its rows came with kc's
                 else:
                     raise CompileError(f"batch program: unexpected load {isa.describe(ins)} ({note})")
             elif o["op"] == isa.Op.ST:
@@ -191,9 +171,12 @@ class ResidentBatchRunner:
                     put(isa.st(o["src"], lay.tok_addr, o["len"]), "store tok (mailbox)")
                 elif name == "logits":
                     put(isa.st(o["src"], lay.logits_addr, o["len"]), "store logits (mailbox)")
-                elif name in ("k_new", "v_new"):
+                elif name == "k_new":
                     if not scattered:
-                        scatter_new(name, o["src"])
+                        scatter_new()
+                        scattered = True
+                elif name == "v_new":
+                    pass                        # v's rows went with k's
                 else:
                     raise CompileError(f"batch program: unexpected store {isa.describe(ins)} ({note})")
             else:
@@ -209,7 +192,7 @@ class ResidentBatchRunner:
         return result
 
     def copy_page(self, old: int, new: int, rows: int) -> list:
-        """Copy-on-write on the chip: rows [0, rows) of page `old` into page `new` (both pools)."""
+        """Copy-on-write on the chip: rows [0, rows) of page `old` into page `new` (their K and V words)."""
         lay = self.layout
         r = self._run(compile_page_copy(lay, rows), {lay.table_ext: old, lay.table_ext + 1: new}, "a page copy")
         return [int(c) for c in r.counters]

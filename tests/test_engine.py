@@ -363,7 +363,12 @@ def test_a_resident_batch_stores_its_new_rows_before_gathering_them_and_copies_n
     _, counters, P = r.run(rows)
     ops = [isa.Op(isa.operands(w)["op"]) for w in P.code]
     assert ops.index(isa.Op.GATHER) > max(i for i, op in enumerate(ops) if op == isa.Op.SCATTER)
-    assert ops.count(isa.Op.SCATTER) == 6 and ops.count(isa.Op.VADD) == 2 and ops.count(isa.Op.LD) == 2
+    assert ops.count(isa.Op.SCATTER) == 3 and ops.count(isa.Op.VADD) == 2 and ops.count(isa.Op.LD) == 2
+    # one pool: each row's one SCATTER stores its new k and v, each full row's one GATHER brings its K and V
+    # rows (a pool row of twice a K row's words, the pool at k_base)
+    assert ops.count(isa.Op.GATHER) == 2
+    moves = [isa.operands(w) for w in P.code if isa.operands(w)["op"] in (isa.Op.GATHER, isa.Op.SCATTER)]
+    assert {(o["row_log2"], o["base"]) for o in moves} == {(r.layout.row_log2 + 1, r.layout.k_base)}
     assert counters == P.counters(8)
 
 

@@ -95,7 +95,8 @@ def test_pool_rows_are_the_book_kc_and_vc_integers():
         got = []
         for row in range(steps - 1):
             page, slot = table[row // lay.page_rows], row % lay.page_rows
-            a = base + ((page * lay.page_rows + slot) * lay.row_words)
+            # one pool: a pool row is the position's K row, then its V row (v_base = k_base + row_words)
+            a = base + ((page * lay.page_rows + slot) * lay.pool_row_words)
             got += chip._ext[a:a + T.D]
         assert got == want
 
@@ -265,3 +266,35 @@ def test_bench_prints_both_modes_side_by_side():
     assert res["overhead"] == sum(isa.seq_cycles(k, FAST) for k in range(res["instructions"] + 1)) == 2
     assert res["host_words"] == 17
     assert "plus the load program once: 587 cycles, 576 words" in out.getvalue()
+
+
+@pytest.mark.parametrize("cfg", [FAST, FAST_PRE_LANES], ids=["packed", "one-int8-a-word"])
+def test_one_pool_row_holds_a_positions_k_and_v_rows(cfg):
+    # a step moves its cached K and V rows with one GATHER and its new k and v with one SCATTER, all of
+    # the pool at k_base with rows twice a K row; the page copy is one GATHER and one SCATTER as well
+    from compiler.resident import compile_page_copy
+    m = MODELS["random"]
+    chip, (toks, recs) = _resident(m, 9, 4, cfg=cfg)
+    lay = chip.layout
+    assert lay.pool_row_words == 2 * lay.row_words and lay.v_base == lay.k_base + lay.row_words
+    assert lay.ext_needed == lay.k_base + lay.pool_pages * lay.page_rows * 2 * lay.row_words
+    for rec in recs:
+        moves = [isa.operands(w) for w in rec["code"] if isa.operands(w)["op"] in (isa.Op.GATHER, isa.Op.SCATTER)]
+        ops = [o["op"] for o in moves]
+        assert ops.count(isa.Op.SCATTER) == 1 and ops.count(isa.Op.GATHER) == (rec["ctx"] > 1)
+        assert {(o["base"], o["row_log2"]) for o in moves} == {(lay.k_base, lay.row_log2 + 1)}
+    copy = [isa.operands(w) for w in compile_page_copy(lay, 3)]
+    assert [o["op"] for o in copy] == [isa.Op.LD, isa.Op.GATHER, isa.Op.SCATTER, isa.Op.HALT]
+    assert all((o["base"], o["row_log2"], o["hi"]) == (lay.k_base, lay.row_log2 + 1, 3) for o in copy[1:3])
+
+
+def test_the_interleaved_pool_refuses_a_graph_that_reads_the_cache_otherwise():
+    # the cached rows live in the K/V region, not where the allocator put kc: any other reader is refused
+    from compiler.resident import plan_kv
+    m = MODELS["random"]
+    g = T.build_graph(m, 3)
+    kc = next(n.id for n in g.nodes if n.op == "input" and n.attrs["name"] == "kc")
+    g.output(g.add(kc, kc), "kc_twice")
+    with pytest.raises(CompileError, match="is read by"):
+        plan_kv(g, 4)
+    assert plan_kv(T.build_graph(m, 3), 4).reserve == 3 * 2 * 4    # kc's two rows and the new one
