@@ -581,32 +581,28 @@ class MatrixUnit(SpadUnit):
         cfg = self.config
         n_arr, L = cfg.array, cfg.mm_load
         lg_load = (L - 1).bit_length()
-        if L == 1:
-            for i in range(n_arr):
-                m.d.comb += rd[i].addr.eq(t - i)
-            fed = [(rd[i].data[i], rd[i].data[n_arr + i]) for i in range(n_arr)]
-        else:
-            fed = []
-            for i in range(n_arr):
-                k_i = Signal(range(cfg.row_depth), name=f"k_feed{i}")
-                m.d.comb += [k_i.eq(t - i), rd[i].addr.eq(k_i >> lg_load)]
-                sub = k_i[:lg_load]
-                fed.append((rd[i].data.as_value().word_select(i * L + sub, 8).as_signed(),
-                            rd[i].data.as_value().word_select((n_arr + i) * L + sub, 8).as_signed()))
+
+        def read_at(port, k, name):
+            """Point `port` at the entry of k (t - i for row i); returns `lane_of`, lane's element of k there
+            (an entry holds L consecutive k of every lane)."""
+            if L == 1:
+                m.d.comb += port.addr.eq(k)
+                return lambda lane: port.data[lane]
+            k_sig = Signal(range(cfg.row_depth), name=name)
+            m.d.comb += [k_sig.eq(k), port.addr.eq(k_sig >> lg_load)]
+            sub = k_sig[:lg_load]
+            return lambda lane: port.data.as_value().word_select(lane * L + sub, 8).as_signed()
+
+        fed = []
+        for i in range(n_arr):
+            lane_of = read_at(rd[i], t - i, f"k_feed{i}")
+            fed.append((lane_of(i), lane_of(n_arr + i)))
 
         if cfg.mm_bcast:
             # A broadcast along the rows (docs/mm-bcast.md): column i gets B[t][i], every column the same
             # k, through the extra read port at t; A stays skewed by rows.
-            port = rd[n_arr]
-            if L == 1:
-                m.d.comb += port.addr.eq(t)
-                b_fed = [port.data[n_arr + i] for i in range(n_arr)]
-            else:
-                k_b = Signal(range(cfg.row_depth), name="k_feed_b")
-                m.d.comb += [k_b.eq(t), port.addr.eq(k_b >> lg_load)]
-                b_fed = [port.data.as_value().word_select((n_arr + i) * L + k_b[:lg_load], 8).as_signed()
-                         for i in range(n_arr)]
-            fed = [(a, b) for (a, _), b in zip(fed, b_fed)]
+            b_lane_of = read_at(rd[n_arr], t, "k_feed_b")
+            fed = [(a, b_lane_of(n_arr + i)) for i, (a, _) in enumerate(fed)]
 
         # Skewed feed: row i gets A[i][t-i] and column i gets B[t-i][i] (B[t][i] when broadcast) while they
         # exist, else 0.
@@ -627,10 +623,7 @@ class MatrixUnit(SpadUnit):
             with m.If(folded):
                 m.d.comb += [array.a_edge[h + i].eq(a_row[i]) for i in range(h)]
             for j in range(n_arr):
-                lane = 2 * n_arr + j
-                b2 = (port.data[lane] if L == 1 else
-                      port.data.as_value().word_select(lane * L + k_b[:lg_load], 8).as_signed())
-                m.d.comb += array.b_fold[j].eq(Mux(running & (n_arr + j < N) & (t < K), b2, 0))
+                m.d.comb += array.b_fold[j].eq(Mux(running & (n_arr + j < N) & (t < K), b_lane_of(2 * n_arr + j), 0))
         return running
 
     def _drive_waddr(self, m, oaddr, opr):
