@@ -80,14 +80,15 @@ class SystolicArray(wiring.Component):
         # itself (PE(i,j) at index i*n+j): the same 2*8 + 32 bits per PE, but three signals for a
         # simulator to update at each edge instead of 3*n*n, and no copy from accumulators to `c`.
         pe_bytes = data.ArrayLayout(signed(8), n * n)
-        a_out = Signal(pe_bytes)
+        # (a broadcast array has no A pass-through registers: docs/mm-bcast.md)
+        a_out = None if self._bcast else Signal(pe_bytes, name="a_out")
         b_out = Signal(pe_bytes)
         acc = self.c
         # The registers' next values (their D inputs) as named wires: the same logic, but a simulator
         # re-evaluates the n*n multiply-adds only when an input moves, not at every edge of a run in
         # which the array holds (zero edges, zero pass-throughs). Without them: 4-8% more CPU on a 6-step
         # pysim decode.
-        a_nxt = Signal(pe_bytes)
+        a_nxt = None if self._bcast else Signal(pe_bytes, name="a_nxt")
         b_nxt = Signal(pe_bytes)
         acc_nxt = Signal.like(self.c)
         for i in range(n):
