@@ -14,9 +14,11 @@ OpenAI-compatible API (`sim.serving.http_serve`, docs/http-server.md).
 """
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
+from pathlib import Path
 
 from host.serving.results import add_replays, replay_cmd, replay_mismatches, summary
 from host.serving.trace import N_PREFIXES, PREFIX_LEN, make_trace
@@ -278,6 +280,21 @@ TARGET_TRACE = ["--requests", "24", "--seed", "3", "--window", "8"]
 # The resident serving targets, cycles per generated token on the default trace (prompt rows included) by
 # max batch: issue 14's (batch 4 <= 1,200) and issue 23's (batch 4 <= 400, batch 8 <= 300).
 RESIDENT_TARGETS = {4: (1200, 400), 8: (300,)}
+# Issue 23's throughput target: generated tokens per second at batch 4 on the ULX3S-85F at the chip's placed
+# Fmax, and where the placement of each preset is recorded (`python -m sim.fpga ... --link uart`'s
+# fpga_report.json, copied there with the chip's key).
+TOKENS_PER_SECOND_TARGET = 62_500
+PLACED_REPORTS = Path(__file__).resolve().parent.parent / "docs" / "figures"
+
+
+def placed_fmax_mhz(config) -> tuple[float, str] | None:
+    """The Fmax (MHz) and the report's name of the recorded place and route of the served board with exactly the
+    chip `config` (``docs/figures/fpga-<preset>.json`` whose ``chip`` is ``config.key()``), or None."""
+    for path in sorted(PLACED_REPORTS.glob("fpga-*.json")):
+        rep = json.loads(path.read_text())
+        if rep.get("chip") == config.key() and rep.get("link"):
+            return min(f["achieved_mhz"] for f in rep["fmax"].values()), path.name
+    return None
 
 
 def resident_targets(config=None, out=None) -> dict:
@@ -299,6 +316,18 @@ def resident_targets(config=None, out=None) -> dict:
         print(f"resident mode, --chip {chip.spec()} --max-batch {batch}, same trace: {per[batch]:,.1f} chip "
               f"cycles per generated token ({r['total_cycles']:,} cycles, {r['tokens_generated']} tokens, prompt "
               f"rows included; the load program's {r['load_cycles']:,} once apart) (targets {verdicts})", file=out)
+    placed = placed_fmax_mhz(chip)
+    if placed is None:
+        print(f"tokens per second: no recorded place and route of the served board with this chip (python -m "
+              f"sim.fpga --board ulx3s-85f --chip {chip.spec()} --link uart, its report in "
+              f"docs/figures/fpga-<name>.json)", file=out)
+    else:
+        mhz, name = placed
+        rate = mhz * 1e6 / per[4]
+        verdict = "met" if rate >= TOKENS_PER_SECOND_TARGET else "NOT met"
+        print(f"tokens per second at batch 4 on the ULX3S-85F at the placed Fmax {mhz:.2f} MHz (docs/figures/{name}): "
+              f"{rate:,.0f} (target >= {TOKENS_PER_SECOND_TARGET:,}: {verdict}); at 25 MHz: {25e6 / per[4]:,.0f}",
+              file=out)
     return per
 
 

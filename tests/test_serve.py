@@ -228,6 +228,27 @@ def test_bench_serve_meets_the_book_mode_targets(capsys):
 
 
 @pytest.mark.timeout(300)
+def test_tokens_per_second_come_from_the_recorded_placement_of_that_chip(tmp_path, monkeypatch):
+    """The batch-4 tokens per second are the placed Fmax of a report whose chip key is the chip's, over its
+    cycles per token; a report of another chip, or of the board without the link, does not count."""
+    import json
+
+    from hdl.config import PRESETS
+    fast = PRESETS["fast"]
+    monkeypatch.setattr(serve, "PLACED_REPORTS", tmp_path)
+    report = {"link": "uart:3000000", "chip": fast.key(), "fmax": {"clk": {"achieved_mhz": 30.0}}}
+    (tmp_path / "fpga-fast.json").write_text(json.dumps(report))
+    (tmp_path / "fpga-a-other.json").write_text(json.dumps({**report, "chip": "x", "fmax": {"c": {"achieved_mhz": 99}}}))
+    (tmp_path / "fpga-b-nolink.json").write_text(json.dumps({**report, "link": None}))
+    assert serve.placed_fmax_mhz(fast) == (30.0, "fpga-fast.json")
+    out = io.StringIO()
+    per = serve.resident_targets(None, out)
+    line = out.getvalue().splitlines()[2]
+    rate = 30e6 / per[4]
+    verdict = "met" if rate >= serve.TOKENS_PER_SECOND_TARGET else "NOT met"
+    assert f"placed Fmax 30.00 MHz (docs/figures/fpga-fast.json): {rate:,.0f} (target >= 62,500: {verdict})" in line
+
+
 def test_bench_serve_resident_targets_run_the_given_gather_chip_else_fast():
     from dataclasses import replace
 
@@ -242,8 +263,11 @@ def test_bench_serve_resident_targets_run_the_given_gather_chip_else_fast():
     assert set(fast) == set(given) == set(serve.RESIDENT_TARGETS)
     assert given[4] > fast[4] and given[8] > fast[8]
     lines = out.getvalue().splitlines()
-    assert len(lines) == 4
-    for line, (chip, batch) in zip(lines, [(PRESETS["fast"], 4), (PRESETS["fast"], 8), (slow_div, 4), (slow_div, 8)]):
+    assert len(lines) == 6
+    # each chip's two cycle lines, then its tokens per second (no placement is recorded for slow_div)
+    assert lines[5].startswith("tokens per second: no recorded place and route") and slow_div.spec() in lines[5]
+    for line, (chip, batch) in zip(lines[0:2] + lines[3:5],
+                                   [(PRESETS["fast"], 4), (PRESETS["fast"], 8), (slow_div, 4), (slow_div, 8)]):
         figure = (fast if chip == PRESETS["fast"] else given)[batch]
         assert f"--chip {chip.spec()} --max-batch {batch}, same trace: {figure:,.1f} chip cycles" in line
         for goal in serve.RESIDENT_TARGETS[batch]:

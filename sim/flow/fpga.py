@@ -187,6 +187,7 @@ def build(board: str, build_dir: Path, seed: int = 1, start: int = 0, verbose=pr
     """Build the bitstream for `board` in `build_dir`: the decode-step top, or with `link` the served
     board (`hdl.board_top.BoardTop`); return the summary dict. `router` is nextpnr's (``router1``, its
     default, or ``router2``, which resolves congestion better on dense designs)."""
+    from hdl.config import BOOK
     platform = platform_for(board)
     env = toolchain_env()
     if link is None:
@@ -195,10 +196,11 @@ def build(board: str, build_dir: Path, seed: int = 1, start: int = 0, verbose=pr
         what = {"program_words": len(step.program), "start_token": start, "tok_addr": step.tok_addr}
     else:
         from hdl.board_top import BoardTop
-        from hdl.config import BOOK
         clk_hz = int(platform.default_clk_frequency)
         top = BoardTop(BOOK if config is None else config, clk_hz=clk_hz, baud=link.baud)
         what = {"link": str(link), "clk_hz": clk_hz}
+    # the chip placed, every parameter named (`ChipConfig.key`): what a recorded report is matched against
+    what["chip"] = (config or BOOK).key()
     build_dir = Path(build_dir)
     # prepare() + execute_local() instead of platform.build(): build() insists that every tool of the
     # platform is present, the programmer (openFPGALoader) included, which a build does not use.
