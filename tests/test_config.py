@@ -50,7 +50,7 @@ def test_non_integer_parameter_is_a_type_error():
 @pytest.mark.parametrize("spec, message", [
     ("zzz", "--chip 'zzz': 'zzz' is neither a preset (book, fast) nor name=value"),
     ("foo=1", "--chip 'foo=1': unknown parameter 'foo' (parameters: array, counter_bits, ext_words, "
-              "gather, lat, mm_bcast, mm_load, mm_overlap, mm_pack, mm_pack_c, mm_rq, prefetch, rom_words, row_depth, rq_pipe, sm_div, spad_depth, spad_lanes, vadd_ports, "
+              "gather, lat, mm_bcast, mm_fold, mm_load, mm_overlap, mm_pack, mm_pack_c, mm_rq, prefetch, rom_words, row_depth, rq_pipe, sm_div, spad_depth, spad_lanes, vadd_ports, "
                   "vec_lanes, word_bits)"),
     ("array=x", "--chip 'array=x': array='x' is not a whole number"),
     ("array=8,array=4", "--chip 'array=8,array=4': array given twice"),
