@@ -272,10 +272,13 @@ def compile_graph(graph: Graph, calib_samples, ranges=None, ext_words: int | Non
             # B's words a row: row k (tb = 0) holds N values, row n (tb = 1) holds K
             b_row = row_words(B, pb)
             ldc = row_words(n, pc)
-            for i0 in range(0, m, tile):
-                # a tile of at most half the array's rows takes up to twice its columns on a folding chip
-                # (docs/mm-fold.md): one MM where two would be
-                width = config.mm_max_n if min(tile, m - i0) <= tile // 2 else tile
+            # On a folding chip (docs/mm-fold.md) a tile of at most half the array's rows takes up to twice
+            # its columns: one MM where two would be. A matmul wider than the array is then cut into row tiles
+            # of half the array, so that every tile folds (two M = 4, N = 16 tiles stage A one cycle a k
+            # where two M = 8, N = 8 tiles stage it in two).
+            rows = tile // 2 if config.mm_fold and nn > tile else tile
+            for i0 in range(0, m, rows):
+                width = config.mm_max_n if min(rows, m - i0) <= tile // 2 else tile
                 for j0 in range(0, nn, width):
                     if (pb and not tb or pc) and j0 % PACK:
                         what = B.label() if pb and not tb else f"result {n.label()}"
@@ -288,9 +291,9 @@ def compile_graph(graph: Graph, calib_samples, ranges=None, ext_words: int | Non
                     if pc:
                         flags["pc"] = 1
                     emit(isa.mm(c_addr, srcs[0] + i0 * k, b_addr,
-                                min(tile, m - i0), k, min(width, nn - j0), lda=k, ldb=b_row, ldc=ldc,
+                                min(rows, m - i0), k, min(width, nn - j0), lda=k, ldb=b_row, ldc=ldc,
                                 **flags),
-                         f"node {n.id} tile " + (f"i0={i0} " if m > tile else "") + f"j0={j0}")
+                         f"node {n.id} tile " + (f"i0={i0} " if m > rows else "") + f"j0={j0}")
             if not fused_rq:
                 mant, sh = requantizer(n, A, B)
                 emit(isa.rq(out, dst, m * nn, mant, sh, relu), f"node {n.id} requant")

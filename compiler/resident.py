@@ -340,7 +340,7 @@ def compile_step(layout: ResidentLayout, graph: Graph, calib_samples, ranges, lo
         notes.append(note)
 
     put(isa.ld(layout.table_addr, layout.table_ext, table_len), "load the block table (mailbox)")
-    for ins, note in zip(moved.instrs, P.notes):
+    for ins, note in zip(moved.instrs, moved.notes):
         o = isa.operands(ins)
         op = o["op"]
         if op == isa.Op.LD:
@@ -525,7 +525,10 @@ class KVRewrite:
     instrs : list of hdl.isa.Instr
         The program's instructions with the K/V matmul tiles moved to the reserved region (every other
         instruction as it was; the caller turns the kc loads into GATHERs, drops the vc loads and v_new's
-        store, and turns k_new's store into a SCATTER).
+        store, and turns k_new's store into a SCATTER). On a chip without fused requantization the K and V
+        projections' RQ is replaced by one RQ a row, into the region (the list is then longer than `P`'s).
+    notes : list of str
+        The role of each of `instrs` (`P.notes`, with the rows' RQs named).
     block : int
         Scratchpad address where each kc load's GATHER writes (the shared block).
     new : int
@@ -534,6 +537,7 @@ class KVRewrite:
         Index of the last instruction writing a new K or V row.
     """
     instrs: list
+    notes: list
     block: int
     new: int
     last_kv_write: int
@@ -553,6 +557,12 @@ def interleave_kv(P: Program, plan: KVPlan, at: int) -> KVRewrite:
         base = block if kind == "block" else new + key * 2 * rw
         targets[s] = (base, "c", "d")
         targets[a] = (base + rw, "c", "d")
+    # Without fused requantization (mm_rq = 0) the projections' tiles write a 32-bit accumulator and one RQ
+    # writes the node's int8 rows: that RQ, not the tiles, moves to the region, one RQ a row (an RQ writes
+    # consecutive words; the rows' stride is 2 * row_words).
+    fused = P.config.mm_rq
+    if not fused:
+        projections = {nid: targets.pop(nid) for nid in (plan.k_node, plan.v_node)}
     tiles = {}
     for i, note in enumerate(P.notes):
         m = _TILE_NOTE.match(note)
@@ -590,8 +600,28 @@ def interleave_kv(P: Program, plan: KVPlan, at: int) -> KVRewrite:
         if start <= end:
             raise CompileError(f"one pool for K and V: a block is gathered (instruction {start}) before the "
                                f"one before it is last read ({end})")
-    return KVRewrite(instrs=instrs, block=block, new=new,
-                     last_kv_write=max(tiles[plan.k_node] + tiles[plan.v_node]))
+    if fused:
+        return KVRewrite(instrs=instrs, notes=list(P.notes), block=block, new=new,
+                         last_kv_write=max(tiles[plan.k_node] + tiles[plan.v_node]))
+    requants = {f"node {nid} requant": (nid, base) for nid, (base, _, _) in projections.items()}
+    out, notes, last = [], [], -1
+    for ins, note in zip(instrs, P.notes):
+        if note not in requants:
+            out.append(ins)
+            notes.append(note)
+            continue
+        nid, base = requants.pop(note)
+        o = isa.operands(ins)
+        if o["op"] != isa.Op.RQ or o["len"] % rw:
+            raise CompileError(f"one pool for K and V: {isa.describe(ins)} ({note}) is not an RQ of whole rows "
+                               f"of {rw} words")
+        for row in range(o["len"] // rw):
+            out.append(isa.rq(base + row * 2 * rw, o["src"] + row * rw, rw, o["m"], o["s"], o["relu"]))
+            notes.append(f"{note}, row {row} into the K/V region")
+        last = len(out) - 1
+    if requants:
+        raise CompileError(f"one pool for K and V: no {', '.join(sorted(requants))} in the program")
+    return KVRewrite(instrs=out, notes=notes, block=block, new=new, last_kv_write=last)
 
 
 def mailbox_words(layout: ResidentLayout, P: Program, x_row, table) -> dict:

@@ -141,7 +141,7 @@ class ResidentBatchRunner:
                 put(isa.scatter(moved.new + j * pool_row, lo=r, hi=r + 1, **common(j)),
                     f"scatter row {j}'s new k and v into row {r}")
 
-        for at, (ins, note) in enumerate(zip(moved.instrs, P.notes)):
+        for at, (ins, note) in enumerate(zip(moved.instrs, moved.notes)):
             o = isa.operands(ins)
             if o["op"] == isa.Op.LD and own and not scattered and (by_addr.get(o["src"]) or "")[:2] in ("kc", "vc"):
                 # the rows' new k/v go to the cache first, so that each row's gather brings its own row too;

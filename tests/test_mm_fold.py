@@ -191,26 +191,32 @@ def test_a_wide_mm_with_too_many_rows_stops_the_amaranth_chip():
 
 # ---- the compiler --------------------------------------------------------------------------------
 
-def test_compiler_emits_wide_tiles():
-    """A 3 x 16 by 16 x 40 matmul: on the folding chip its tiles are 16 + 16 + 8 columns wide (M = 3 is at most
-    half the array), elsewhere five of 8; the readback is the same integers, in fewer cycles."""
+@pytest.mark.parametrize("m, n, plain, folded", [
+    (3, 40, [(3, 8)] * 5, [(3, 16), (3, 16), (3, 8)]),
+    (8, 16, [(8, 8)] * 2, [(4, 16)] * 2),       # rows cut in halves so that both fold: A staged a k a cycle
+    (6, 8, [(6, 8)], [(6, 8)]),                 # not wider than the array: as before
+])
+def test_compiler_emits_wide_tiles(m, n, plain, folded):
+    """An m x 16 by 16 x n matmul: on the folding chip its tiles are up to 16 wide and at most 4 rows high when
+    the matmul is wider than the array, elsewhere 8 by 8; the readback is the same integers, in fewer cycles
+    (or the same program when nothing folds)."""
     from compiler import Graph, compile_graph, ext_image, readback
-    from sim.backends.reference import ReferenceMachine
-    rng = random.Random(3)
+    rng = random.Random(m * n)
     g = Graph()
-    x = g.input("x", (3, 16))
-    w = g.weight("w", [[rng.uniform(-1, 1) for _ in range(40)] for _ in range(16)])
+    x = g.input("x", (m, 16))
+    w = g.weight("w", [[rng.uniform(-1, 1) for _ in range(n)] for _ in range(16)])
     g.output(g.matmul(x, w), "y")
-    inputs = {"x": [[rng.uniform(-1, 1) for _ in range(16)] for _ in range(3)]}
+    inputs = {"x": [[rng.uniform(-1, 1) for _ in range(16)] for _ in range(m)]}
     got = {}
     for cfg in (BCAST, FOLD):
         prog = compile_graph(g, [inputs], config=cfg)
         mms = [isa.operands(w, cfg) for w in prog.code if isa.operands(w)["op"] == Op.MM]
         run = ReferenceMachine(config=cfg).run(prog.code, ext_image(prog, inputs), 8)
         assert run.counters == prog.counters()
-        got[cfg.mm_fold] = ([o["N"] for o in mms], readback(prog, run.ext)["y"][0], run.counters[0])
-    assert got[0][0] == [8] * 5 and got[1][0] == [16, 16, 8]
-    assert got[1][1] == got[0][1] and got[1][2] < got[0][2]
+        got[cfg.mm_fold] = ([(o["M"], o["N"]) for o in mms], readback(prog, run.ext)["y"][0], run.counters[0])
+    assert got[0][0] == plain and got[1][0] == folded
+    assert got[1][1] == got[0][1]
+    assert got[1][2] < got[0][2] if folded != plain else got[1][2] == got[0][2]
 
 
 def test_served_tokens_and_logits_are_those_without_the_fold():

@@ -333,8 +333,11 @@ MUTANTS: tuple[Mutant, ...] = (
        "return bool(cfg.mm_fold) and N > cfg.array and M > cfg.array",
        "ISA: a wide MM of more than half the array's rows is legal",
        "tests/test_mm_fold.py::test_a_wide_mm_needs_half_the_rows"),
-    _m("compiler", "compiler/emit.py", "width = config.mm_max_n if min(tile, m - i0) <= tile // 2 else tile",
+    _m("compiler", "compiler/emit.py", "width = config.mm_max_n if min(rows, m - i0) <= tile // 2 else tile",
        "width = tile", "compiler: a folding chip still gets tiles of the array's width only",
+       "tests/test_mm_fold.py::test_compiler_emits_wide_tiles"),
+    _m("compiler", "compiler/emit.py", "rows = tile // 2 if config.mm_fold and nn > tile else tile", "rows = tile",
+       "compiler: a wide matmul of more than half the array's rows is not cut into halves (its tiles cannot fold)",
        "tests/test_mm_fold.py::test_compiler_emits_wide_tiles"),
     # vector lanes: RQ and VADD a group of words a cycle through the banks (docs/vec-lanes.md)
     _m("hdl", "hdl/scratchpad.py", "raddr_b.eq(a + rlane)", "raddr_b.eq(a)",
