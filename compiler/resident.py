@@ -353,7 +353,7 @@ def compile_step(layout: ResidentLayout, graph: Graph, calib_samples, ranges, lo
             elif "vc" in e and src == e["vc"].address:
                 pass                            # vc's rows came with kc's
             else:
-                raise CompileError(f"step program: unexpected load {isa.describe(ins)} ({note})")
+                raise CompileError(f"step program: unexpected load {isa.describe(ins, cfg)} ({note})")
         elif op == isa.Op.ST:
             dst = o["dst"]
             if "tok" in e and dst == e["tok"].address:
@@ -366,7 +366,7 @@ def compile_step(layout: ResidentLayout, graph: Graph, calib_samples, ranges, lo
             elif dst == e["v_new"].address:
                 pass                            # v's row went with k's
             else:
-                raise CompileError(f"step program: unexpected store {isa.describe(ins)} ({note})")
+                raise CompileError(f"step program: unexpected store {isa.describe(ins, cfg)} ({note})")
         else:
             put(ins, note)
     return finish_program(P, instrs, notes, layout, cfg, "resident step program")
@@ -579,8 +579,8 @@ def interleave_kv(P: Program, plan: KVPlan, at: int) -> KVRewrite:
         old = min(o[name] for o in ops)
         for i, o in zip(tiles[nid], ops):
             if o["op"] != isa.Op.MM or o[ld] != rw:
-                raise CompileError(f"one pool for K and V: {isa.describe(P.instrs[i])} ({P.notes[i]}) does not "
-                                   f"step {ld} by one row of {rw} words")
+                raise CompileError(f"one pool for K and V: {isa.describe(P.instrs[i], P.config)} ({P.notes[i]}) "
+                                   f"does not step {ld} by one row of {rw} words")
             row, word = divmod(o[name] - old, rw)
             ins = instrs[i]
             if stride == "x":
@@ -613,8 +613,8 @@ def interleave_kv(P: Program, plan: KVPlan, at: int) -> KVRewrite:
         nid, base = requants.pop(note)
         o = isa.operands(ins)
         if o["op"] != isa.Op.RQ or o["len"] % rw:
-            raise CompileError(f"one pool for K and V: {isa.describe(ins)} ({note}) is not an RQ of whole rows "
-                               f"of {rw} words")
+            raise CompileError(f"one pool for K and V: {isa.describe(ins, P.config)} ({note}) is not an RQ of "
+                               f"whole rows of {rw} words")
         for row in range(o["len"] // rw):
             out.append(isa.rq(base + row * 2 * rw, o["src"] + row * rw, rw, o["m"], o["s"], o["relu"]))
             notes.append(f"{note}, row {row} into the K/V region")

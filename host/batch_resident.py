@@ -164,7 +164,7 @@ class ResidentBatchRunner:
                 elif name and name[:2] == "vc":
                     pass                        # its rows came with kc's
                 else:
-                    raise CompileError(f"batch program: unexpected load {isa.describe(ins)} ({note})")
+                    raise CompileError(f"batch program: unexpected load {isa.describe(ins, cfg)} ({note})")
             elif o["op"] == isa.Op.ST:
                 name = by_addr.get(o["dst"])
                 if name == "tok":
@@ -178,7 +178,7 @@ class ResidentBatchRunner:
                 elif name == "v_new":
                     pass                        # v's rows went with k's
                 else:
-                    raise CompileError(f"batch program: unexpected store {isa.describe(ins)} ({note})")
+                    raise CompileError(f"batch program: unexpected store {isa.describe(ins, cfg)} ({note})")
             else:
                 put(ins, note)
         return finish_program(P, instrs, notes, lay, cfg, "resident batch program")

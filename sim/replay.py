@@ -127,7 +127,7 @@ def _where_it_starts(rec, backend, lat, config=BOOK) -> str:
         pc = locate(list(rec.program), list(rec.image), lat, backend, ReferenceMachine(config=config))
     except SimError:
         return ""
-    return "" if pc is None else f" (first differing instruction: pc {pc}, {describe(rec.program[pc])})"
+    return "" if pc is None else f" (first differing instruction: pc {pc}, {describe(rec.program[pc], config)})"
 
 
 def build_parser():

@@ -97,7 +97,7 @@ class CheckedBackend(Backend):
         diff = _compare(want, got)
         if diff is not None:
             pc = locate(list(program), list(image), lat, self.backend, self.reference, scratchpad)
-            where = "" if pc is None else f", first at pc {pc} ({describe(program[pc])})"
+            where = "" if pc is None else f", first at pc {pc} ({describe(program[pc], self.reference.config)})"
             raise SimError(f"run {n} on {self.backend.name} differs from the reference: {diff}{where}")
         if isinstance(got, SimError):
             raise got
@@ -172,7 +172,7 @@ def fuzz(backend, reference, count: int, seed: int, ext: int | None = None, lat:
             summary["failures"] += 1
             summary["failed"].append(c.index)
             pc = locate(c.program, c.image, c.lat, backend, reference, c.scratchpad)
-            where = (f"pc {pc} ({describe(c.program[pc])})" if pc is not None
+            where = (f"pc {pc} ({describe(c.program[pc], config)})" if pc is not None
                      else "pc unknown (only the full program differs)")
             print(f"FAIL program {c.index} (seed {seed}, EXT {c.ext}, LAT {c.lat}): first differing instruction "
                   f"{where}; {diff}; reproduce: "
