@@ -307,3 +307,76 @@ def test_fields_same_as_stock_engine():
     traces = _trace_on_both_engines(_Fields, drive)
     assert traces[0] == traces[1]
     assert len({t[0] for t in traces[0]}) > 50
+
+
+class _Shared(wiring.Component):
+    """Values a process computes more than once (SkipIdleEngine's compile computes them once,
+    `_hoist_reads`): an input read many times, signed and unsigned fields of it used by several outputs,
+    a Switch whose cases repeat one test and one expression (nested too), and a shift by a computed
+    amount repeated at the top level and inside a case."""
+    x: In(16)
+    sel: In(2)
+    amount: In(3)
+    y: In(signed(8))
+    prods: Out(32)
+    picked: Out(8)
+    other: Out(8)
+    shifted: Out(16)
+    again: Out(16)
+    twice: Out(8)
+
+    def elaborate(self, platform):
+        m = Module()
+        x, y = self.x, self.y
+        low, high = x[0:8].as_signed(), x[8:16].as_signed()
+        m.d.comb += [self.prods.eq(Cat(low * y, high * y, (low * high)[0:8], x[0:8] + x[8:16])),
+                     self.shifted.eq(x >> self.amount), self.again.eq((x >> self.amount) ^ x)]
+        with m.Switch(self.sel):
+            with m.Case(0):
+                m.d.comb += [self.picked.eq(x[0:8] & x[8:16]), self.other.eq(x[0:8] & x[8:16])]
+            with m.Case(1):
+                with m.If(x[3] & x[12]):
+                    m.d.comb += self.picked.eq(high)
+                with m.Else():
+                    m.d.comb += self.picked.eq(x[0:8] & x[8:16])
+                m.d.comb += self.other.eq((x >> self.amount)[0:8])
+            with m.Case(2):
+                with m.If((x >> self.amount)[2]):
+                    m.d.comb += self.twice.eq(x[1:9])
+            with m.Default():
+                with m.If(x[3] & x[12]):
+                    m.d.comb += [self.picked.eq(low), self.other.eq(x[4:12])]
+        with m.If((x >> self.amount)[2]):
+            m.d.comb += self.twice.eq(x[2:10])
+        with m.If((x >> self.amount)[1]):
+            m.d.comb += self.twice.eq(x[0:8])
+        with m.If((x >> self.amount)[1] & x[2]):
+            m.d.comb += self.twice.eq(x[8:16])
+        with m.If((x >> self.amount)[1]):
+            m.d.comb += self.twice.eq(self.y)
+        return m
+
+
+def test_values_computed_once_same_as_stock_engine(monkeypatch):
+    from sim.backends import amaranth_engine
+    rewritten = []
+    hoist = amaranth_engine._hoist_reads
+    monkeypatch.setattr(amaranth_engine, "_hoist_reads", lambda source: rewritten.append(hoist(source)) or
+                        rewritten[-1])
+
+    async def drive(ctx, dut, out):
+        rng = random.Random(13)
+        for _ in range(200):
+            ctx.set(dut.x, rng.randrange(1 << 16))
+            ctx.set(dut.sel, rng.randrange(4))
+            ctx.set(dut.amount, rng.randrange(8))
+            ctx.set(dut.y, rng.randrange(-128, 128))
+            out.append(tuple(ctx.get(p) for p in (dut.prods, dut.picked, dut.other, dut.shifted, dut.again,
+                                                    dut.twice)))
+    traces = _trace_on_both_engines(_Shared, drive)
+    assert traces[0] == traces[1]
+    assert all(len({t[k] for t in traces[0]}) > 50 for k in (1, 2, 5))
+    # each kind of sharing happened: reads, fields, an expression computed at the top, one reused
+    code = "\n".join(rewritten)
+    assert all(name in code for name in ("curr_", "field_", "same_")), code
+    assert any(line.strip().split(" = ")[-1].startswith(("test_", "expr_", "rhs_")) for line in code.splitlines()), code

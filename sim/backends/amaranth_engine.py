@@ -31,6 +31,10 @@ four (and more, below), and nothing of the design:
   same code: shifts by 0 and nested constant masks (every slice pysim writes has a few), consecutive
   fields of one value joined (a Cat of a signal's slices in order); a signal's ``update`` call written
   out in place (`_Rewrite.visit_Expr`).
+- *Values computed once* (`_hoist_reads`) in that code: a signal's current value read more than once goes
+  to a local, a constant field of it used more than once too, and a repeated test or expression is
+  computed once (the systolic array's ``acc_nxt`` read its inputs 64 times; the MM unit's operand-row
+  muxes computed one test per lane).
 
 Asserts are evaluated as before: a skipped process's Asserts saw the same values at its last run.
 
@@ -44,6 +48,7 @@ __all__ = ["SkipIdleEngine", "engine_class"]
 
 import ast
 import builtins
+import re
 import threading
 
 # SkipIdleEngine swaps a module-level name of pysim while it builds: one build at a time (the server builds a
@@ -482,10 +487,87 @@ if _AVAILABLE:
                         ast.copy_location(inner, node)
             return body
 
+    _CURR = re.compile(r"slots\[(\d+)\]\.curr")
+    # a field of a signal's value at a constant place, sign-extended or not, as pysim writes a Slice
+    _SIGNED_FIELD = re.compile(r"sign\(\((0x[0-9a-f]+) & \(\1 & \(curr_\d+_ >> \d+\)\)\), -0x[0-9a-f]+\)")
+    _FIELD = re.compile(r"\((0x[0-9a-f]+) & \(\1 & \(curr_\d+_ >> \d+\)\)\)")
+    _ASSIGN = re.compile(r"^( *)(\w+) = (.*)$")
+    _NAME = re.compile(r"\b[A-Za-z_]\w*")
+    _HOISTED = re.compile(r"(?:curr|field)_\d+_")
+    _OPERATORS = re.compile(r"[\w\s&|^~<>=!+\-*()]*")
+
+    def _hoist_reads(source):
+        """The code pysim generates for a process (``def run():`` and its body), each value computed once:
+
+        - a signal's current value read more than once (``slots[i].curr``, an attribute lookup each) is read
+          once into a local at the top (the systolic array's ``acc_nxt`` read its three inputs 64 times);
+        - a field at a constant place of such a value (pysim's Slice: ``(M & (M & (x >> s)))``, possibly in
+          ``sign(...)``) computed more than once is computed once at the top (each A lane feeds 8 PEs);
+        - an assignment ``name = E`` where E was already assigned, whole, to a name assigned once in the
+          function by a statement of the function's top level (so it ran before), takes that name instead
+          (the MM unit computes its operand-row test once per lane).
+
+        What is moved to the top reads only current values, which no process changes while it runs (a run
+        reads ``curr`` and writes ``next``), through integer operators with constant shifts: it computes the
+        same values and cannot fail. Code with a string in it (a Print's or an Assert's message) is left
+        as it is: the patterns are then matched on code alone."""
+        if not source.startswith("def run():\n") or '"' in source or "'" in source:
+            return source
+        counts = {}
+        for index in _CURR.findall(source):
+            counts[index] = counts.get(index, 0) + 1
+        hoisted = [index for index, count in counts.items() if count > 1]
+        if hoisted:
+            source = _CURR.sub(lambda m: f"curr_{m[1]}_" if counts[m[1]] > 1 else m[0], source)
+        header = [f"    curr_{index}_ = slots[{index}].curr" for index in hoisted]
+        for pattern in (_SIGNED_FIELD, _FIELD):
+            counts = {}
+            for match in pattern.finditer(source):
+                counts[match[0]] = counts.get(match[0], 0) + 1
+            for text, count in counts.items():
+                if count > 1:
+                    name = f"field_{len(header)}_"
+                    header.append(f"    {name} = {text}")
+                    # masked once more where it is sign-extended: `_InlineSign` knows the value's width
+                    mask = text[1:text.index(" ")]
+                    source = source.replace(f"sign({text}", f"sign(({mask} & {name})").replace(text, name)
+        lines = source.split("\n")
+        found = {}                                          # a pure right-hand side -> the lines assigning it
+        assigned = {}
+        for k, line in enumerate(lines):
+            match = _ASSIGN.match(line)
+            if match is None:
+                continue
+            indent, name, rhs = match.groups()
+            assigned[name] = assigned.get(name, 0) + 1
+            words = _NAME.findall(rhs)                      # a constant alone costs no more than a name
+            if (words and _OPERATORS.fullmatch(rhs) and "**" not in rhs
+                    and all(_HOISTED.fullmatch(word) for word in words)):
+                found.setdefault(rhs, []).append(k)
+        for rhs, where in found.items():
+            if len(where) < 2:
+                continue
+            if "<<" not in rhs and ">>" not in rhs:
+                # no shift by a computed amount (which could be huge): computed once at the top, whether
+                # or not the branches it was in are taken
+                value = f"same_{len(header)}_"
+                header.append(f"    {value} = {rhs}")
+            else:
+                # computed where it first is, if that is at the top level (so before the others) and
+                # that name keeps it
+                indent, value, _rhs = _ASSIGN.match(lines[where[0]]).groups()
+                if len(indent) != 4 or assigned[value] != 1:
+                    continue
+                where = where[1:]
+            for k in where:
+                indent, name, _rhs = _ASSIGN.match(lines[k]).groups()
+                lines[k] = f"{indent}{name} = {value}"
+        return "\n".join(lines[:1] + header + lines[1:])
+
     def _compile_inlined(source, filename, mode, *args, **kwargs):
-        """``compile`` for the code pysim generates, with its sign extensions inlined (`_InlineSign`) and
-        integer identities applied (`_Peephole`)."""
-        tree = _Rewrite().visit(ast.parse(source, filename, mode))
+        """``compile`` for the code pysim generates, its values computed once (`_hoist_reads`), its sign
+        extensions inlined (`_InlineSign`) and integer identities applied (`_Peephole`)."""
+        tree = _Rewrite().visit(ast.parse(_hoist_reads(source), filename, mode))
         return builtins.compile(tree, filename, mode, *args, **kwargs)
 
     def _merged_waker(queue, procs, stales):
