@@ -380,3 +380,96 @@ def test_values_computed_once_same_as_stock_engine(monkeypatch):
     code = "\n".join(rewritten)
     assert all(name in code for name in ("curr_", "field_", "same_")), code
     assert any(line.strip().split(" = ")[-1].startswith(("test_", "expr_", "rhs_")) for line in code.splitlines()), code
+
+
+class _Lanes(wiring.Component):
+    """Lanes each choosing by the same Switch (a nested one too), two by another: SkipIdleEngine's
+    compile makes consecutive matches on one value one (`_merge_matches`), and must not join the others."""
+    x: In(16)
+    sel: In(2)
+    other: In(2)
+    lanes: Out(20)
+
+    def elaborate(self, platform):
+        m = Module()
+        x, sel = self.x, self.sel
+        for k in range(5):
+            lane = self.lanes[4 * k:4 * k + 4]
+            with m.Switch(self.other if k in (2, 3) else sel):     # lanes 2 and 3: another value
+                with m.Case(0):
+                    m.d.comb += lane.eq(x[k:k + 4])
+                with m.Case(1):
+                    with m.Switch(x[0:2]):
+                        with m.Case(3):
+                            m.d.comb += lane.eq(x[8:12] + k)
+                        with m.Default():
+                            m.d.comb += lane.eq(x[k + 4:k + 8])
+                with m.Default():
+                    m.d.comb += lane.eq(x[12 - k:16 - k] ^ k)
+        return m
+
+
+def test_matches_on_one_value_joined_same_as_stock_engine(monkeypatch):
+    from sim.backends import amaranth_engine
+    joined = []
+    merge = amaranth_engine._merge_matches
+    monkeypatch.setattr(amaranth_engine, "_merge_matches",
+                        lambda body: joined.append((len(body), len(merge(body)))) or merge(body))
+
+    async def drive(ctx, dut, out):
+        rng = random.Random(17)
+        for _ in range(200):
+            ctx.set(dut.x, rng.randrange(1 << 16))
+            ctx.set(dut.sel, rng.randrange(4))
+            ctx.set(dut.other, rng.randrange(4))
+            out.append(ctx.get(dut.lanes))
+    traces = _trace_on_both_engines(_Lanes, drive)
+    assert traces[0] == traces[1]
+    assert len(set(traces[0])) > 150
+    assert any(after < before for before, after in joined)        # some matches were made one
+
+
+def test_joined_matches_keep_what_stands_between():
+    """What stands between two matches on one value moves before the first only when the first's cases
+    neither read what it assigns nor assign what it reads or assigns (code as `_hoist_reads` leaves it)."""
+    import ast
+    from sim.backends.amaranth_engine import _merge_matches
+    source = """
+def run(same_1_):
+    a = 0
+    match same_1_:
+        case 0:
+            a = 1
+        case _:
+            a = 2
+    a = 5
+    match same_1_:
+        case 0:
+            d = a
+        case _:
+            d = a * 3
+    b = d
+    match same_1_:
+        case 0:
+            c = b
+        case _:
+            c = b + 1
+    e = same_1_
+    match same_1_:
+        case 0:
+            f = e + c
+        case _:
+            f = e - c
+    return a, b, c, d, e, f
+"""
+    tree = ast.parse(source)
+    function = tree.body[0]
+    count = len(function.body)
+    function.body[:] = _merge_matches(function.body)
+    assert len(function.body) < count                 # the last two matches are one
+    joined = {}
+    exec(compile(tree, "<joined>", "exec"), joined)
+    plain = {}
+    exec(compile(ast.parse(source), "<plain>", "exec"), plain)
+    for value in range(3):
+        assert joined["run"](value) == plain["run"](value)

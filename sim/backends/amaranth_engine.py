@@ -34,7 +34,8 @@ four (and more, below), and nothing of the design:
 - *Values computed once* (`_hoist_reads`) in that code: a signal's current value read more than once goes
   to a local, a constant field of it used more than once too, and a repeated test or expression is
   computed once (the systolic array's ``acc_nxt`` read its inputs 64 times; the MM unit's operand-row
-  muxes computed one test per lane).
+  muxes computed one test per lane). Then consecutive matches on one such value are made one
+  (`_merge_matches`): those muxes matched the same two tests once per lane, 64 times.
 
 Asserts are evaluated as before: a skipped process's Asserts saw the same values at its last run.
 
@@ -564,10 +565,82 @@ if _AVAILABLE:
                 lines[k] = f"{indent}{name} = {value}"
         return "\n".join(lines[:1] + header + lines[1:])
 
+    def _names(nodes):
+        """(the names `nodes` read, the names they assign)."""
+        read, written = set(), set()
+        for node in nodes:
+            for inner in ast.walk(node):
+                if isinstance(inner, ast.Name):
+                    (written if isinstance(inner.ctx, ast.Store) else read).add(inner.id)
+        return read, written
+
+    def _merge_matches(body):
+        """`body` (statements) with consecutive ``match`` statements on one value made one (their cases'
+        bodies joined, in order), recursively: the MM unit's operand-row muxes matched the same two tests
+        once per lane, 64 times. A subject counts as one value when it is a name `_hoist_reads` assigns once
+        at the top (``same_``, ``field_``, ``curr_``) or was assigned one in `body`. Between two such
+        matches only plain assignments of a constant or a name may stand; they move before the first match,
+        which must neither read nor assign what they assign nor assign what they read. The joined match
+        takes the case each of the two took (one value, the same patterns), and runs the first's body then
+        the second's, as before: every statement sees the values it saw."""
+        value = {}                                       # a name -> the hoisted name it was given
+        out = []
+        group = None                                     # [the match being grown, its key, read, written]
+        for stmt in body:
+            if (isinstance(stmt, ast.Assign) and len(stmt.targets) == 1 and isinstance(stmt.targets[0], ast.Name)
+                    and isinstance(stmt.value, (ast.Constant, ast.Name))):
+                name = stmt.targets[0].id
+                value.pop(name, None)
+                if isinstance(stmt.value, ast.Name) and _HOISTED_ONCE.fullmatch(stmt.value.id):
+                    value[name] = stmt.value.id
+                if group is not None:
+                    moved_read, moved_written = _names([stmt])
+                    if not (moved_written & (group[2] | group[3]) or moved_read & group[3]):
+                        out.insert(out.index(group[0]), stmt)        # before the match being grown
+                        continue
+                    group = None
+                out.append(stmt)
+                continue
+            if isinstance(stmt, ast.Match) and isinstance(stmt.subject, ast.Name):
+                subject = stmt.subject.id
+                key = (subject if _HOISTED_ONCE.fullmatch(subject) else value.get(subject),
+                       [(ast.dump(case.pattern), ast.dump(case.guard) if case.guard else None)
+                        for case in stmt.cases])
+                read, written = _names(stmt.cases)
+                read.add(subject)                        # read when the match starts
+                for name in written:
+                    value.pop(name, None)
+                if key[0] is not None:
+                    if group is not None and group[1] == key:
+                        for grown, case in zip(group[0].cases, stmt.cases):
+                            grown.body.extend(case.body)
+                        group[2] |= read
+                        group[3] |= written
+                        continue
+                    group = [stmt, key, read, written]
+                    out.append(stmt)
+                    continue
+            else:
+                for name in _names([stmt])[1]:
+                    value.pop(name, None)
+            group = None
+            out.append(stmt)
+        for stmt in out:
+            if isinstance(stmt, ast.Match):
+                for case in stmt.cases:
+                    case.body[:] = _merge_matches(case.body)
+        return out
+
+    _HOISTED_ONCE = re.compile(r"(?:curr|field|same)_\d+_")
+
     def _compile_inlined(source, filename, mode, *args, **kwargs):
         """``compile`` for the code pysim generates, its values computed once (`_hoist_reads`), its sign
-        extensions inlined (`_InlineSign`) and integer identities applied (`_Peephole`)."""
+        extensions inlined (`_InlineSign`), integer identities applied (`_Peephole`) and its matches on one
+        value made one (`_merge_matches`)."""
         tree = _Rewrite().visit(ast.parse(_hoist_reads(source), filename, mode))
+        for function in tree.body:
+            if isinstance(function, ast.FunctionDef):
+                function.body[:] = _merge_matches(function.body)
         return builtins.compile(tree, filename, mode, *args, **kwargs)
 
     def _merged_waker(queue, procs, stales):
