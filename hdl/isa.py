@@ -646,6 +646,10 @@ def mm_busy_cycles(M: int, K: int, N: int, cfg: ChipConfig, tb: int = 0, pb: int
     row's last group::
 
         B = (K-1)*C + max(2 + cB, C - 1) + M*G + 1 + RQ_PIPE_CYCLES*rq*cfg.rq_pipe
+
+    A folding chip (``cfg.mm_fold``, docs/mm-fold.md) takes N up to twice the array for M up to half of it,
+    the columns past the array in the lower rows, final when the upper rows are: the same formula, with cB
+    and G counting the wide row's columns.
     """
     L = cfg.mm_load
     groups_b = mm_b_groups(N, cfg, pb, tb)

@@ -65,6 +65,13 @@ every PE of row m in the same cycle and column n takes B[k][n] with no column sk
 port of the operand memories at t, so row m is final in one cycle. The array starts cB - 1 cycles later
 (S = (K-1)*(C-1) + 1 + cB, cB = B's groups a k: the last group of a k must be staged when every column
 takes it), and X0 = (K-1)*C + max(2 + cB, C - 1): B = X0 + M*G + 1 (+ rq_pipe with rq).
+
+The folded MM (``config.mm_fold``, on a broadcast chip only; docs/mm-fold.md): N is read with one bit more and
+may reach 2 x array when M <= array/2 (``folded``, latched at E0: N > array). Columns array .. 2 x array - 1 of
+B have operand-memory lanes of their own, staged as the others; rows array/2 + m repeat row m's A, and the
+array's middle row takes those columns from the broadcast port (``b_fold``) instead of from the row above. The
+drain reads result (m, n) from PE(m + array/2, n - array) past the array. B is the broadcast formula with the
+wide row's cB and G.
 """
 from amaranth.hdl import Cat, Const, Module, Mux, Signal, signed
 from amaranth.lib import data
