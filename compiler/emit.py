@@ -124,6 +124,32 @@ def _mshift(M, what):
         raise CompileError(f"{what}: {e}") from None
 
 
+def _width(rows: int, config: ChipConfig) -> int:
+    """The widest tile of `rows` rows: twice the array on a folding chip when they fit half of it
+    (docs/mm-fold.md; never slower than two tiles: the same drain, one start and finish), else the array."""
+    return config.mm_max_n if rows <= config.mm_max_mn // 2 else config.mm_max_mn
+
+
+def _row_tile(m: int, k: int, nn: int, config: ChipConfig, flags: dict) -> int:
+    """Rows a tile of an m x k by k x nn matmul takes: the array's, or on a folding chip half of it when that is
+    cheaper by the cycle model (every tile then folds: e.g. with a packed B two M = 4, N = 16 tiles stage A one
+    cycle a k where two M = 8, N = 8 tiles take two; with an unpacked B the wide tiles' B staging may cost
+    more). The rows never change the integers, only the order of independent dot products."""
+    tile = config.mm_max_mn
+    if not config.mm_fold or nn <= tile:
+        return tile
+
+    def cost(rows):
+        total = 0
+        for i0 in range(0, m, rows):
+            mt = min(rows, m - i0)
+            width = _width(mt, config)
+            total += sum(isa.mm_busy_cycles(mt, k, min(width, nn - j0), config, **flags)
+                         for j0 in range(0, nn, width))
+        return total
+    return min((tile, tile // 2), key=cost)
+
+
 def compile_graph(graph: Graph, calib_samples, ranges=None, ext_words: int | None = None, reuse: bool = True,
                   config: ChipConfig = BOOK, placed: dict | None = None,
                   spad_limit: int | None = None) -> Program:
@@ -272,13 +298,12 @@ def compile_graph(graph: Graph, calib_samples, ranges=None, ext_words: int | Non
             # B's words a row: row k (tb = 0) holds N values, row n (tb = 1) holds K
             b_row = row_words(B, pb)
             ldc = row_words(n, pc)
-            # On a folding chip (docs/mm-fold.md) a tile of at most half the array's rows takes up to twice
-            # its columns: one MM where two would be. A matmul wider than the array is then cut into row tiles
-            # of half the array, so that every tile folds (two M = 4, N = 16 tiles stage A one cycle a k
-            # where two M = 8, N = 8 tiles stage it in two).
-            rows = tile // 2 if config.mm_fold and nn > tile else tile
+            flags = dict(tb=int(tb), rq=int(fused_rq), pb=int(pb))
+            if pc:
+                flags["pc"] = 1
+            rows = _row_tile(m, k, nn, config, flags)
             for i0 in range(0, m, rows):
-                width = config.mm_max_n if min(rows, m - i0) <= tile // 2 else tile
+                width = _width(min(rows, m - i0), config)
                 for j0 in range(0, nn, width):
                     if (pb and not tb or pc) and j0 % PACK:
                         what = B.label() if pb and not tb else f"result {n.label()}"
@@ -287,9 +312,6 @@ def compile_graph(graph: Graph, calib_samples, ranges=None, ext_words: int | Non
                                            f"multiple of {PACK})")
                     b_addr = srcs[1] + (j0 * b_row if tb else j0 // PACK if pb else j0)
                     c_addr = dst + i0 * ldc + (j0 // PACK if pc else j0)
-                    flags = dict(tb=int(tb), rq=int(fused_rq), pb=int(pb))
-                    if pc:
-                        flags["pc"] = 1
                     emit(isa.mm(c_addr, srcs[0] + i0 * k, b_addr,
                                 min(rows, m - i0), k, min(width, nn - j0), lda=k, ldb=b_row, ldc=ldc,
                                 **flags),

@@ -219,6 +219,27 @@ def test_compiler_emits_wide_tiles(m, n, plain, folded):
     assert got[1][2] < got[0][2] if folded != plain else got[1][2] == got[0][2]
 
 
+def test_rows_are_halved_only_when_the_cycle_model_says_so():
+    """With an unpacked B the wide tiles stage four words a k: two M = 4, N = 16 tiles would cost more than
+    two M = 8, N = 8 ones, so an 8-row matmul keeps the array's rows; with a packed B it is halved."""
+    from compiler import Graph, compile_graph
+    unpacked = replace(FOLD, mm_pack=0, mm_pack_c=0)
+    assert 2 * isa.mm_busy_cycles(4, 16, 16, unpacked, rq=1) > 2 * isa.mm_busy_cycles(8, 16, 8, unpacked, rq=1)
+    assert 2 * isa.mm_busy_cycles(4, 16, 16, FOLD, pb=1, rq=1) < 2 * isa.mm_busy_cycles(8, 16, 8, FOLD, pb=1, rq=1)
+    rng = random.Random(8)
+    g = Graph()
+    x = g.input("x", (8, 16))
+    w = g.weight("w", [[rng.uniform(-1, 1) for _ in range(16)] for _ in range(16)])
+    g.output(g.matmul(x, w), "y")
+    inputs = {"x": [[rng.uniform(-1, 1) for _ in range(16)] for _ in range(8)]}
+    shapes = {}
+    for cfg in (unpacked, FOLD):
+        prog = compile_graph(g, [inputs], config=cfg)
+        shapes[cfg.mm_pack] = [(o["M"], o["N"]) for o in (isa.operands(w, cfg) for w in prog.code)
+                               if o["op"] == Op.MM]
+    assert shapes == {0: [(8, 8), (8, 8)], 1: [(4, 16), (4, 16)]}
+
+
 def test_served_tokens_and_logits_are_those_without_the_fold():
     """A resident serving run: every request's tokens, integer logits, preemptions and prefix hits on the
     folding chip are the broadcast chip's, in fewer cycles."""
