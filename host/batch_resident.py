@@ -3,8 +3,8 @@
 The weights stay in the scratchpad (one load program per session) and the KV cache stays in the chip's page
 pool, a position's K row and V row side by side in one pool row (`compiler.resident.plan_kv`): each row of
 a batch GATHERs its cached K and V rows through its own block table (one GATHER a gathered range) and
-SCATTERs its new k and v row into its page slot (one SCATTER). The host writes only the mailbox: the B input rows x, the block tables of the
-B rows one after the other. In a batch of several rows every row's new k/v row is SCATTERed before the
+SCATTERs its new k and v row into its page slot (one SCATTER). The host writes only the mailbox: the B input
+rows x, the block tables of the B rows one after the other. In a batch of several rows every row's new k/v row is SCATTERed before the
 first GATHER, and each row gathers its own new row with its cached ones (``own_rows`` of
 `host.batch.build_batch_graph`): no copy of it is made in the scratchpad.
 The graph, the universal calibration and so every integer are those of `host.batch`: a request served in
@@ -78,7 +78,7 @@ class ResidentBatchRunner:
         v_base = k_base + base.row_words       # V's half of a pool row (compiler.resident.ResidentLayout)
         need = k_base + base.pool_words
         if need > config.ext_words:
-            raise CompileError(f"resident serving needs {need} external words (pools of {n_pages} pages of "
+            raise CompileError(f"resident serving needs {need} external words (a pool of {n_pages} pages of "
                                f"{page} rows, a mailbox for {B} rows); the chip has ext_words={config.ext_words}")
         self.layout = dataclasses.replace(base, x_addr=0, table_ext=table_ext, tok_addr=tok, logits_addr=logits,
                                           staging=staging, k_base=k_base, v_base=v_base, ext_needed=need)
