@@ -22,6 +22,11 @@ packed_activations` are kept four int8 a word as well: the matmuls that write th
 (C's address and ``ldc`` in words), the matmuls that read them as B with ``pb = 1`` (transposed: B row n's
 element k is byte k % 4 of word ``B + n*ldb + k // 4``), their loads and stores move the packed words.
 
+A run of consecutive softmax nodes (a batch's rows lowered phase by phase, ``host.batch``) is lowered
+together: their outputs side by side in one extent, one SM a row, and one RQ for the whole run, which writes
+the integers of one RQ a node (the RQ is element-wise with the softmax's fixed constants) and pays the
+requantizer's fixed cost once.
+
 The tiles of one matmul write disjoint parts of the accumulator and each computes its dot products in
 full (K is never split), so the tile size changes the order of independent tiles and never the integers.
 """
@@ -202,6 +207,22 @@ def compile_graph(graph: Graph, calib_samples, ranges=None, ext_words: int | Non
     for n in nodes:
         if loc[n.id] is not None and n.op not in ("slice", "output", "argmax"):
             holders[loc[n.id][0]] = holders.get(loc[n.id][0], 0) + 1
+    # runs of consecutive softmax nodes, each alone in its buffer (a batch's rows phase by phase,
+    # host.batch): lowered together, their probabilities side by side and ONE RQ for all (it is element-wise
+    # and the softmax's (m, s) is fixed, so the integers are those of one RQ a node; saves its fixed cost)
+    sm_runs, run, words = {}, [], 0
+    for n in nodes + [None]:
+        alone = (n is not None and n.op == "softmax" and holders[loc[n.id][0]] == 1
+                 and buffers[loc[n.id][0]].words == n.size)
+        # it joins the run unless that passes one RQ's length field (no softmax reads one of the run: a
+        # softmax's input and result have different pinned scales, compiler.scales refuses it)
+        if alone and words + n.size <= config.max_len:
+            run.append(n.id)
+            words += n.size
+            continue
+        if len(run) > 1:
+            sm_runs.update((i, run) for i in run)
+        run, words = ([n.id], n.size) if alone else ([], 0)
     spad = Allocator(config.spad_depth if spad_limit is None else spad_limit)
     instrs, notes = [], []
     rq_params = {}
@@ -320,16 +341,32 @@ def compile_graph(graph: Graph, calib_samples, ranges=None, ext_words: int | Non
                 mant, sh = requantizer(n, A, B)
                 emit(isa.rq(out, dst, m * nn, mant, sh, relu), f"node {n.id} requant")
                 spad.release(dst, m * nn)
+        elif op == "softmax" and n.id in sm_runs and sm_runs[n.id][0] != n.id:
+            pass                        # lowered with the first softmax of its run
         elif op == "softmax":
-            m, nn = n.shape
-            out = addr_of(n.id)
-            t = temp(m * nn, n.label())
-            for r in range(m):
-                emit(isa.sm(t + r * nn, srcs[0] + r * nn, nn), f"node {n.id} softmax row {r}")
+            run = sm_runs.get(n.id, [n.id])
+            total = sum(nodes[i].size for i in run)
+            if len(run) > 1:
+                # the run's outputs side by side in one extent, so that one RQ covers them all
+                base = spad.alloc(total, f"the probabilities of nodes {run[0]}..{run[-1]}")
+                for i in run:
+                    buffers[loc[i][0]].addr = base
+                    base += nodes[i].size
+            out = addr_of(run[0])
+            t = temp(total, n.label())
+            off = 0
+            for i in run:
+                m, nn = nodes[i].shape
+                src = ensure(nodes[i].ins[0])
+                for r in range(m):
+                    emit(isa.sm(t + off + r * nn, src + r * nn, nn), f"node {i} softmax row {r}")
+                off += m * nn
             mant, sh = _mshift(SOFTMAX_RQ_MULTIPLIER, f"{n.label()} requantizer")
-            rq_params[n.id] = (mant, sh)
-            emit(isa.rq(out, t, m * nn, mant, sh, 0), f"node {n.id} Q0.16->int8")
-            spad.release(t, m * nn)
+            for i in run:
+                rq_params[i] = (mant, sh)
+            emit(isa.rq(out, t, total, mant, sh, 0), f"node {n.id} Q0.16->int8" if len(run) == 1 else
+                 f"nodes {run[0]}..{run[-1]} Q0.16->int8 (one RQ for the run of softmaxes)")
+            spad.release(t, total)
         elif op == "add":
             size = n.size
             operands, temps = [], []

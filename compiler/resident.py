@@ -403,7 +403,9 @@ class KVPlan:
 
     Every K (V) row the attention reads or the projection writes is moved out of the allocator's buffers
     into a region the caller reserves above the allocator's limit: row r of a block at ``block + r * 2 *
-    row_words`` (its V half ``row_words`` further), the new rows likewise at ``new``.
+    row_words`` (its V half ``row_words`` further), the new rows likewise at ``new``. The blocks share one
+    place when the rows attend one after the other; when their attentions are interleaved (a batch lowered
+    phase by phase, `host.batch.build_batch_graph`) each block has its own, side by side.
 
     Attributes
     ----------
@@ -419,7 +421,10 @@ class KVPlan:
     gathered : dict
         The kc input's name -> its vc input's name.
     block_rows : int
-        Rows of the largest gathered block (its new row included when it is concatenated; 0: none).
+        Rows of the blocks' region: the largest block's when they share it, their sum when not (its new
+        row included when it is concatenated; 0: none).
+    block_at : dict
+        The kc input's name -> the row of the blocks' region where its block starts (all 0: shared).
     new_in_block : bool
         One row whose keys are its cached rows then its own new k (`host.tiny_lm.build_graph`, a batch of
         one): the new row is the block's last row and has no region of its own.
@@ -432,6 +437,7 @@ class KVPlan:
     gathered: dict
     block_rows: int
     new_in_block: bool
+    block_at: dict = dataclasses.field(default_factory=dict)
 
     @property
     def new_words(self) -> int:
@@ -440,8 +446,8 @@ class KVPlan:
 
     @property
     def reserve(self) -> int:
-        """Scratchpad words the caller keeps out of the allocator: the new rows, then one block (the rows
-        attend one after the other, so their blocks share it: `interleave_kv` checks the order)."""
+        """Scratchpad words the caller keeps out of the allocator: the new rows, then the blocks' region
+        (one block when they share it: `interleave_kv` checks that the rows attend one after the other)."""
         return self.new_words + self.block_rows * 2 * self.row_words
 
 
@@ -473,7 +479,7 @@ def plan_kv(graph: Graph, row_words: int) -> KVPlan:
             return ("block", nodes[node.ins[0]].attrs["name"], node.rows), True
         raise CompileError(f"one pool for K and V: {node.label()} is not a cached block or a new row")
 
-    pairs, gathered, block_rows, concat = [], {}, 0, 0
+    pairs, gathered, sizes, concat = [], {}, {}, 0
     readers = set()
     for s in nodes:
         if s.op != "matmul" or not s.attrs["transpose_b"]:
@@ -491,7 +497,7 @@ def plan_kv(graph: Graph, row_words: int) -> KVPlan:
             raise CompileError(f"one pool for K and V: {s.label()} reads keys {wk} and {a.label()} values {wv}")
         if wk[0] == "block":
             gathered[wk[1]] = wv[1]
-            block_rows = max(block_rows, wk[2])
+            sizes[wk[1]] = wk[2]
             concat += ck
             pairs.append((s.id, a.id, ("block", wk[1])))
         else:
@@ -512,8 +518,18 @@ def plan_kv(graph: Graph, row_words: int) -> KVPlan:
             if c in readers and user.ins[1] == i and user.ins[0] != i:
                 continue
             raise CompileError(f"one pool for K and V: {nodes[i].label()} is read by {user.label()}")
+    # the compiler lowers the nodes in their order and loads an input at its first reader: a block is live
+    # from its first reader to its attention matmul; blocks live one after the other share one place, else
+    # each has its own
+    inputs = {n.attrs["name"]: n.id for n in nodes if n.op == "input"}
+    spans = sorted((min(graph.consumers(inputs[key])), a, key) for _, a, (kind, key) in pairs if kind == "block")
+    shared = all(start > end for (_, end, _), (start, _, _) in zip(spans, spans[1:]))
+    block_at, rows = {}, 0
+    for _, _, key in spans:
+        block_at[key] = 0 if shared else rows
+        rows = max(rows, sizes[key]) if shared else rows + sizes[key]
     return KVPlan(row_words=row_words, k_node=K.id, v_node=V.id, new_rows=K.rows, pairs=tuple(pairs),
-                  gathered=gathered, block_rows=block_rows, new_in_block=bool(concat))
+                  gathered=gathered, block_rows=rows, new_in_block=bool(concat), block_at=block_at)
 
 
 @dataclass
@@ -530,17 +546,20 @@ class KVRewrite:
     notes : list of str
         The role of each of `instrs` (`P.notes`, with the rows' RQs named).
     block : int
-        Scratchpad address where each kc load's GATHER writes (the shared block).
+        Scratchpad address of the blocks' region (where a kc load's GATHER writes when they share it).
     new : int
         Address of new row 0's K half (row i at ``new + i * 2 * row_words``).
     last_kv_write : int
         Index of the last instruction writing a new K or V row.
+    blocks : dict
+        The kc input's name -> the address where its GATHER writes (`KVPlan.block_at`).
     """
     instrs: list
     notes: list
     block: int
     new: int
     last_kv_write: int
+    blocks: dict = dataclasses.field(default_factory=dict)
 
 
 def interleave_kv(P: Program, plan: KVPlan, at: int) -> KVRewrite:
@@ -553,8 +572,9 @@ def interleave_kv(P: Program, plan: KVPlan, at: int) -> KVRewrite:
     block = at + plan.new_words
     new = block + (plan.block_rows - 1) * 2 * rw if plan.new_in_block else at
     targets = {plan.k_node: (new, "a", "x"), plan.v_node: (new + rw, "a", "x")}
+    blocks = {key: block + row * 2 * rw for key, row in plan.block_at.items()}
     for s, a, (kind, key) in plan.pairs:
-        base = block if kind == "block" else new + key * 2 * rw
+        base = blocks[key] if kind == "block" else new + key * 2 * rw
         targets[s] = (base, "c", "d")
         targets[a] = (base + rw, "c", "d")
     # Without fused requantization (mm_rq = 0) the projections' tiles write a 32-bit accumulator and one RQ
@@ -588,20 +608,20 @@ def interleave_kv(P: Program, plan: KVPlan, at: int) -> KVRewrite:
             else:
                 lda = ins.d & ((1 << lda_bits) - 1)
                 instrs[i] = dataclasses.replace(ins, c=base + row * 2 * rw + word, d=(2 * rw << lda_bits) | lda)
-    # the rows' blocks share one region: each block's GATHER must follow the last read of the one before
+    # blocks sharing one place: each block's GATHER must follow the last read of the one before
     e = P.ext_map
     load_at = {isa.operands(w)["src"]: i for i, w in enumerate(P.instrs) if isa.operands(w)["op"] == isa.Op.LD}
     spans = []
     for s, a, (kind, key) in plan.pairs:
         if kind == "block":
-            spans.append((load_at[e[key].address], max(tiles[s] + tiles[a])))
+            spans.append((blocks[key], load_at[e[key].address], max(tiles[s] + tiles[a])))
     spans.sort()
-    for (_, end), (start, _) in zip(spans, spans[1:]):
-        if start <= end:
+    for (at0, _, end), (at1, start, _) in zip(spans, spans[1:]):
+        if at0 == at1 and start <= end:
             raise CompileError(f"one pool for K and V: a block is gathered (instruction {start}) before the "
                                f"one before it is last read ({end})")
     if fused:
-        return KVRewrite(instrs=instrs, notes=list(P.notes), block=block, new=new,
+        return KVRewrite(instrs=instrs, notes=list(P.notes), block=block, new=new, blocks=blocks,
                          last_kv_write=max(tiles[plan.k_node] + tiles[plan.v_node]))
     requants = {f"node {nid} requant": (nid, base) for nid, (base, _, _) in projections.items()}
     out, notes, last = [], [], -1
@@ -621,7 +641,7 @@ def interleave_kv(P: Program, plan: KVPlan, at: int) -> KVRewrite:
         last = len(out) - 1
     if requants:
         raise CompileError(f"one pool for K and V: no {', '.join(sorted(requants))} in the program")
-    return KVRewrite(instrs=out, notes=notes, block=block, new=new, last_kv_write=last)
+    return KVRewrite(instrs=out, notes=notes, block=block, new=new, last_kv_write=last, blocks=blocks)
 
 
 def mailbox_words(layout: ResidentLayout, P: Program, x_row, table) -> dict:

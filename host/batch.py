@@ -56,7 +56,7 @@ class BatchError(ValueError):
     """A batch the chip cannot run (the message names the row or the limit)."""
 
 
-def build_batch_graph(m, ctxs, own_rows: bool = False, chip_argmax: bool = True) -> Graph:
+def build_batch_graph(m, ctxs, own_rows: bool = False, chip_argmax: bool = True, phases: bool = False) -> Graph:
     """The graph of one batched step: row i attends ``ctxs[i]`` tokens (its new one included).
 
     A context of 0 marks a *cache-only* row: a prompt row before the prompt's last token, whose logits
@@ -75,6 +75,12 @@ def build_batch_graph(m, ctxs, own_rows: bool = False, chip_argmax: bool = True)
     ``own_rows=True`` (resident mode): in a batch of several rows, ``kc{i}``/``vc{i}`` hold all n rows a
     row attends, its own new row last: the program stores the new rows into the cache before it gathers
     (`host.batch_resident`), so no copy ``k_i + 0`` and no ``zk``/``zv`` inputs are needed.
+
+    ``phases=True`` (resident mode, docs/resident.md): the same nodes, created phase by phase instead of
+    row by row: every row's scores, then every row's softmax, then every row's p . V. The compiler lowers
+    nodes in their order, so the scores share one requantizer constant, the attention matmuls another,
+    and the consecutive softmaxes one RQ (`compiler.emit`); each row keeps its nodes, so its integers do
+    not change.
     """
     ctxs = tuple(ctxs)
     if not ctxs or any(not isinstance(n, int) or isinstance(n, bool) or n < 0 for n in ctxs):
@@ -91,16 +97,16 @@ def build_batch_graph(m, ctxs, own_rows: bool = False, chip_argmax: bool = True)
     K = g.tag(g.matmul(X, g.weight("Wk", m["Wk"])), "k")
     Vn = g.tag(g.matmul(X, g.weight("Wv", m["Wv"])), "v")
     if F:
-        _attend_and_head(g, m, ctxs[:F], B, XF, Q, K, Vn, own_rows, chip_argmax)
+        _attend_and_head(g, m, ctxs[:F], B, XF, Q, K, Vn, own_rows, chip_argmax, phases)
     g.tag(g.output(K, "k_new"), "k")
     g.tag(g.output(Vn, "v_new"), "v")
     return g
 
 
-def _attend_and_head(g, m, ctxs, B, X, Q, K, Vn, own_rows, chip_argmax=True) -> None:
+def _attend_and_head(g, m, ctxs, B, X, Q, K, Vn, own_rows, chip_argmax=True, phases=False) -> None:
     """The full rows' attention (row i over its cached rows and its new one), feed-forward and head."""
     zk = zv = None
-    rows_a = []
+    rows_a, later = [], []
     for i, n in enumerate(ctxs):
         k = g.tag(g.slice_rows(K, i, 1), "k")
         v = g.tag(g.slice_rows(Vn, i, 1), "v")
@@ -121,9 +127,16 @@ def _attend_and_head(g, m, ctxs, B, X, Q, K, Vn, own_rows, chip_argmax=True) -> 
         else:
             keys, vals = k, v
         qi = g.tag(g.slice_rows(Q, i, 1), "q")
+        if phases:
+            later.append((qi, keys, vals))     # the row's attention comes after the loop, phase by phase
+            continue
         s = g.tag(g.matmul(qi, keys, transpose_b=True, scale=1 / math.sqrt(16)), "s")
         p = g.tag(g.softmax(s), "p")
         rows_a.append(g.tag(g.matmul(p, vals), "a"))
+    if phases:
+        S = [g.tag(g.matmul(qi, keys, transpose_b=True, scale=1 / math.sqrt(16)), "s") for qi, keys, _ in later]
+        probs = [g.tag(g.softmax(s), "p") for s in S]
+        rows_a = [g.tag(g.matmul(p, vals), "a") for p, (_, _, vals) in zip(probs, later)]
     A = rows_a[0]
     for a in rows_a[1:]:
         A = g.tag(g.concat_rows(A, a), "a")

@@ -101,11 +101,24 @@ class ResidentBatchRunner:
         if getattr(result, "error", None) is not None:
             raise CompileError(f"{what}: the chip stopped with its error state ({result.error})")
 
-    def _compile(self, ctxs, specs):
-        """`specs[j]` = (table offset, table length, [(lo, hi) relative rows gathered], new row) of row j."""
+    def _compile(self, ctxs, specs, phases=None):
+        """`specs[j]` = (table offset, table length, [(lo, hi) relative rows gathered], new row) of row j.
+
+        `phases` (default: when there are several rows) lowers the rows' attention phase by phase
+        (`host.batch.build_batch_graph`, docs/resident.md), each row's K/V block in a place of its own; when
+        those places leave the allocator too little of the scratchpad, the rows attend one after the other
+        in one shared place (the same integers either way)."""
         lay, cfg = self.layout, self.config
         own = len(ctxs) > 1             # several rows: each row's new k/v is stored before it is gathered
-        g = build_batch_graph(self.m, ctxs, own_rows=own, chip_argmax=False)
+        if phases is None:
+            if own:
+                try:
+                    return self._compile(ctxs, specs, True)
+                except CompileError as exc:
+                    if not str(exc).startswith("scratchpad full"):
+                        raise
+            phases = False
+        g = build_batch_graph(self.m, ctxs, own_rows=own, chip_argmax=False, phases=phases)
         present = {n.attrs["name"] for n in g.nodes if n.op == "weight"}
         placed = {name: addr for name, (addr, _) in lay.weights.items() if name in present}
         kv = plan_kv(g, lay.row_words)
@@ -157,7 +170,7 @@ class ResidentBatchRunner:
                     put(isa.ld(o["dst"], lay.x_addr, o["len"]), "load x (mailbox)")
                 elif name and name[:2] == "kc":
                     j = int(name[2:])
-                    dst = moved.block
+                    dst = moved.blocks[name]
                     for lo, hi in _with_own_row(specs[j][2], specs[j][3]) if own else specs[j][2]:
                         put(isa.gather(dst, lo=lo, hi=hi, **common(j)), f"gather {name} and vc{j} rows {lo}..{hi - 1}")
                         dst += (hi - lo) * pool_row
