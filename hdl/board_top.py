@@ -96,26 +96,36 @@ class BoardExtMemory(wiring.Component):
         The storage.
     """
 
-    def __init__(self, capacity, max_lat):
+    def __init__(self, capacity, max_lat, port=1):
         if not isinstance(capacity, int) or not 1 <= capacity <= 1 << 16:
             raise ValueError(f"BoardExtMemory capacity must be an integer in 1..65536, not {capacity!r}")
         if not isinstance(max_lat, int) or max_lat < 1:
             raise ValueError(f"BoardExtMemory max_lat must be an integer >= 1, not {max_lat!r}")
-        self.capacity, self.max_lat = capacity, max_lat
+        if port not in (1, 2, 4) or capacity % port:
+            raise ValueError(f"BoardExtMemory port must be 1, 2 or 4 and divide the capacity {capacity}, "
+                             f"not {port!r}")
+        self.capacity, self.max_lat, self.port = capacity, max_lat, port
         self.ring_depth = 1 << max(1, (max_lat - 1).bit_length())
-        self.memory = Memory(shape=32, depth=capacity, init=[])
-        self.ring = Memory(shape=33, depth=self.ring_depth, init=[])
+        if port == 1:
+            self.memory = Memory(shape=32, depth=capacity, init=[])
+            self.banks = [self.memory]
+        else:
+            # docs/ext-port.md: `port` banks interleaved by address, so the words of a group, any
+            # alignment, are in distinct banks
+            self.memory = None
+            self.banks = [Memory(shape=32, depth=capacity // port, init=[]) for _ in range(port)]
+        self.ring = Memory(shape=32 * port + 1, depth=self.ring_depth, init=[])
         super().__init__({
             "req_valid":  In(1),
             "req_addr":   In(16),
             "resp_valid": Out(1),
-            "resp_data":  Out(32),
-            "wr_valid":   In(1),
+            "resp_data":  Out(32 * port),
+            "wr_valid":   In(port),
             "wr_addr":    In(16),
-            "wr_data":    In(32),
+            "wr_data":    In(32 * port),
             "ext_words":  In(range(capacity + 1)),
             "lat":        In(range(max_lat + 1)),
-            "landed":     Out(1),
+            "landed":     Out(port),
             "link_sel":   In(1),
             "link_addr":  In(16),
             "link_we":    In(1),
@@ -125,6 +135,8 @@ class BoardExtMemory(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
+        if self.port > 1:
+            return self._elaborate_banks(m)
         m.submodules.memory = mem = self.memory
         m.submodules.ring = ring = self.ring
         aw = max(1, (self.capacity - 1).bit_length())
@@ -160,6 +172,75 @@ class BoardExtMemory(wiring.Component):
             wp.addr.eq(Mux(self.link_we, self.link_addr, self.wr_addr)[:aw]),
             wp.data.eq(Mux(self.link_we, self.link_wdata, self.wr_data)),
         ]
+        return m
+
+    def _delay(self, m, stage0):
+        """Stages 1 .. lat-1 after `stage0` (valid on top): a register for LAT 2, the ring beyond; returns the
+        stage of the run's LAT."""
+        stage1 = Signal(len(stage0))
+        m.d.sync += stage1.eq(stage0)
+        rbits = (self.ring_depth - 1).bit_length()
+        wptr = Signal(rbits)
+        m.d.sync += wptr.eq(wptr + 1)
+        rw = self.ring.write_port()
+        rr = self.ring.read_port(transparent_for=())
+        m.d.comb += [rw.en.eq(1), rw.addr.eq(wptr), rw.data.eq(stage0),
+                     rr.addr.eq((wptr - (self.lat - 2))[:rbits])]
+        lat1, lat2 = Signal(), Signal()
+        m.d.sync += [lat1.eq(self.lat == 1), lat2.eq(self.lat == 2)]
+        out = Signal(len(stage0))
+        m.d.comb += out.eq(Mux(lat1, stage0, Mux(lat2, stage1, rr.data)))
+        return out
+
+    def _elaborate_banks(self, m):
+        """The memory of a chip with ``ext_port`` = P > 1 (docs/ext-port.md): P banks, bank b holding the
+        words a = b (mod P) at row a // P. A read asks for the P words from its address (the link's, while
+        it owns the port, or the chip's), bank b serving the one of them it holds; lane k of the response is
+        the word at the address + k, POISON at or past EXT. Write lane k lands at wr_addr + k below EXT; a
+        link write goes to its word's bank."""
+        P, lg = self.port, self.port.bit_length() - 1
+        m.submodules.ring = self.ring
+        rows = self.capacity // P
+        rw_bits = max(1, (rows - 1).bit_length())
+        base = Signal(16, name="rbase")
+        m.d.comb += base.eq(Mux(self.link_sel, self.link_addr, self.req_addr))
+        sel = Signal(lg, name="rsel")           # the bank of lane 0, registered with the read
+        m.d.sync += sel.eq(base[:lg])
+        waddr_l = [(self.wr_addr + k)[:16] for k in range(P)]
+        m.d.comb += self.landed.eq(Cat(self.wr_valid[k] & (waddr_l[k] < self.ext_words) for k in range(P)))
+        words = []
+        for b, bank in enumerate(self.banks):
+            m.submodules[f"bank{b}"] = bank
+            rd = bank.read_port(transparent_for=())
+            rlane = Signal(lg, name=f"rlane{b}")
+            raddr = Signal(16, name=f"raddr{b}")
+            m.d.comb += [rlane.eq(b - base[:lg]), raddr.eq(base + rlane), rd.addr.eq(raddr[lg:lg + rw_bits])]
+            words.append(rd.data)
+            wlane = Signal(lg, name=f"wlane{b}")
+            waddr = Signal(16, name=f"waddr{b}")
+            wp = bank.write_port()
+            m.d.comb += [wlane.eq(b - self.wr_addr[:lg]), waddr.eq(self.wr_addr + wlane)]
+            link_here = self.link_we & (self.link_addr[:lg] == b)
+            m.d.comb += [
+                wp.en.eq(link_here | (~self.link_we & self.landed.bit_select(wlane, 1))),
+                wp.addr.eq(Mux(self.link_we, self.link_addr[lg:lg + rw_bits], waddr[lg:lg + rw_bits])),
+                wp.data.eq(Mux(self.link_we, self.link_wdata, self.wr_data.word_select(wlane, 32))),
+            ]
+        banked = Cat(*words)
+        m.d.comb += self.link_rdata.eq(banked.word_select(sel, 32))
+        valid0 = Signal(name="valid0")
+        oob0 = Signal(P, name="oob0")
+        m.d.sync += [valid0.eq(self.req_valid),
+                     oob0.eq(Cat((self.req_addr + k)[:16] >= self.ext_words for k in range(P)))]
+        lanes = []
+        for k in range(P):
+            bank = Signal(lg, name=f"rbank{k}")
+            m.d.comb += bank.eq(sel + k)
+            lanes.append(Mux(oob0[k], POISON, banked.word_select(bank, 32)))
+        stage0 = Signal(32 * P + 1, name="stage0")
+        m.d.comb += stage0.eq(Cat(*lanes, valid0))
+        out = self._delay(m, stage0)
+        m.d.comb += [self.resp_data.eq(out[:-1]), self.resp_valid.eq(out[-1])]
         return m
 
 
@@ -210,12 +291,28 @@ class BoardCore(wiring.Component):
         self.engine = LinkEngine(config, clk_hz, baud)
         self.chip = GA2(config=config, host_port=True)
         self.program = Memory(shape=128, depth=config.rom_words, init=[])
-        self.ext = BoardExtMemory(config.ext_words, board_max_lat(config))
+        self.ext = BoardExtMemory(config.ext_words, board_max_lat(config), config.ext_port)
         self._own_sync = sync is None
         self.cd_sync = ClockDomain("sync") if sync is None else sync
         self.cd_chip = ClockDomain("chip", local=True)
         self.cd_chip.clk = self.cd_sync.clk              # one clock signal: no delta-cycle skew
         super().__init__()
+
+    @staticmethod
+    def _lane_span(m, lanes, base, we, waddr, waddr_last, name):
+        """Drive a dirty map's marks from write `lanes` (bit i: the word at `base` + i is written): `we` when
+        any is, `waddr` the lowest's address and `waddr_last` the highest's, modulo the address width (the
+        lanes span fewer words than a dirty block, so the two blocks hold every word written)."""
+        n = len(lanes)
+        low = Signal(range(n), name=f"{name}_lane_low")
+        high = Signal(range(n), name=f"{name}_lane_high")
+        for i in reversed(range(n)):        # the last If to hold wins: the lowest
+            with m.If(lanes[i]):
+                m.d.comb += low.eq(i)
+        for i in range(n):                  # ... the highest
+            with m.If(lanes[i]):
+                m.d.comb += high.eq(i)
+        m.d.comb += [we.eq(lanes.any()), waddr.eq(base + low), waddr_last.eq(base + high)]
 
     def elaborate(self, platform):
         m = Module()
@@ -276,7 +373,12 @@ class BoardCore(wiring.Component):
 
         # ---- the dirty maps watch the chip's writes only ----
         spad = chip.scratchpad.port
-        m.d.comb += [eng.ext_we.eq(ext.landed), eng.ext_waddr.eq(chip.wr_addr)]
+        if cfg.ext_port == 1:
+            m.d.comb += [eng.ext_we.eq(ext.landed), eng.ext_waddr.eq(chip.wr_addr)]
+        else:
+            # the write lanes that land (docs/ext-port.md): the lowest's and the highest's blocks, as the
+            # scratchpad's lanes below (a lane past EXT, or wrapped below it, may not land)
+            self._lane_span(m, ext.landed, chip.wr_addr, eng.ext_we, eng.ext_waddr, eng.ext_waddr_last, "ext")
         if cfg.spad_lanes == 1:
             m.d.comb += [eng.spad_we.eq(spad.we & ~chip.host.we), eng.spad_waddr.eq(spad.waddr)]
         else:
@@ -285,17 +387,7 @@ class BoardCore(wiring.Component):
             # that write, which between them hold every word written (the lanes span < 16 words).
             # The host writes lane 0 only; the other lanes are MM's
             lanes = Cat(spad.we & ~chip.host.we, spad.we_x)
-            low = Signal(range(cfg.spad_lanes), name="spad_lane_low")
-            high = Signal(range(cfg.spad_lanes), name="spad_lane_high")
-            for i in reversed(range(cfg.spad_lanes)):       # the last If to hold wins: the lowest
-                with m.If(lanes[i]):
-                    m.d.comb += low.eq(i)
-            for i in range(cfg.spad_lanes):                 # ... the highest
-                with m.If(lanes[i]):
-                    m.d.comb += high.eq(i)
-            m.d.comb += [eng.spad_we.eq(lanes.any()),
-                         eng.spad_waddr.eq(spad.waddr + low),          # modulo the depth, as the banks
-                         eng.spad_waddr_last.eq(spad.waddr + high)]
+            self._lane_span(m, lanes, spad.waddr, eng.spad_we, eng.spad_waddr, eng.spad_waddr_last, "spad")
 
         # ---- run control: reset, start, run to HALT or to the cycle limit ----
         remaining = Signal.like(run.max_cycles)

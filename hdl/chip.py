@@ -238,7 +238,10 @@ class PortOwner(wiring.Component):
                     if unit.READS and port.signature.read_lanes > 1:
                         # RQ's and VADD's read lanes (docs/vec-lanes.md), the first ports' own
                         for r in range(port.signature.lane_reads):
-                            m.d.comb += port.rdata_l[r].eq(sp.rdata_l[r])
+                            mine, all_lanes = port.rdata_l[r].as_value(), sp.rdata_l[r].as_value()
+                            # a unit with fewer read lanes than the scratchpad (RQ and VADD beside ST's
+                            # ext_port lanes, docs/ext-port.md) takes the first ones
+                            m.d.comb += mine.eq(all_lanes if len(mine) == len(all_lanes) else all_lanes[:len(mine)])
                     if unit.WRITES:
                         m.d.comb += sp.we.eq(port.we)
                         if port.signature.lanes > 1:
@@ -280,10 +283,11 @@ class GA2(wiring.Component):
         prefetch chip at the end of ISSUE and of an issuing WAIT cycle too).
     req_valid, req_addr : Out(1), Out(16)
         External read request, straight from the LD unit (the DMA).
-    resp_valid, resp_data : In(1), In(config.word_bits)
-        External read response, LAT cycles after the request.
-    wr_valid, wr_addr, wr_data : Out(1), Out(16), Out(config.word_bits)
-        External write, straight from the ST unit.
+    resp_valid, resp_data : In(1), In(config.word_bits * config.ext_port)
+        External read response, LAT cycles after the request: the words at req_addr .. req_addr +
+        ext_port - 1, word k in bits 32k .. 32k + 31 (docs/ext-port.md; one word on the book's chip).
+    wr_valid, wr_addr, wr_data : Out(config.ext_port), Out(16), Out(config.word_bits * config.ext_port)
+        External write, straight from the ST unit: lane k writes its word at wr_addr + k when wr_valid[k].
     cyc_total, cyc_mm, cyc_dma, cyc_vec, n_inst : Out(config.counter_bits)
         Counters: all cycles from the first FETCH to the HALT's ISSUE, WAIT cycles of MM, of LD/ST,
         of every other opcode (illegal ones included), and completed non-HALT instructions.
@@ -321,10 +325,10 @@ class GA2(wiring.Component):
             "req_valid":  Out(1),
             "req_addr":   Out(xw),
             "resp_valid": In(1),
-            "resp_data":  In(w),
-            "wr_valid":   Out(1),
+            "resp_data":  In(w * cfg.ext_port),
+            "wr_valid":   Out(cfg.ext_port),
             "wr_addr":    Out(xw),
-            "wr_data":    Out(w),
+            "wr_data":    Out(w * cfg.ext_port),
             "cyc_total":  Out(c),
             "cyc_mm":     Out(c),
             "cyc_dma":    Out(c),

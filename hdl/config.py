@@ -117,6 +117,13 @@ class ChipConfig:
         one more bit (``h[4:0]`` on the 8x8 array) and may be 1 .. 2*array. A wide tile is staged and run
         once where two tiles were, so the second tile's start, pipeline and finish cycles go. Needs
         ``mm_bcast`` and an even ``array``. 0, the book's chip.
+    ext_port : int
+        Words the external-memory port moves a cycle (``docs/ext-port.md``): 1, the book's; 2 or 4 make LD,
+        ST, GATHER and SCATTER move that many consecutive words a cycle, a group (LD and ST ``ceil(len/P)``
+        groups, B = ``ceil(len/P) + LAT + 1`` and ``ceil(len/P) + 2``; a GATHER or SCATTER row in groups of
+        ``min(P, row words)``, ``hdl.isa.dma_groups``). LD and GATHER write a group through the scratchpad's
+        write lanes, ST and SCATTER read it through read port 0's read lanes, so it needs ``spad_lanes`` >=
+        ext_port; ``ext_words`` must be a multiple of it (the board's memory is that many banks).
     """
 
     array: int = 4
@@ -141,6 +148,7 @@ class ChipConfig:
     vec_lanes: int = 1
     mm_bcast: int = 0
     mm_fold: int = 0
+    ext_port: int = 1
 
     def __post_init__(self):
         for f in fields(self):
@@ -217,6 +225,14 @@ class ChipConfig:
         if self.mm_fold and self.array % 2:
             raise ValueError(f"ChipConfig mm_fold = {self.mm_fold} needs an even array (its halves hold the two "
                              f"column groups), not array={self.array}")
+        if self.ext_port not in (1, 2, 4):
+            raise ValueError(f"ChipConfig ext_port must be 1, 2 or 4, not {self.ext_port}")
+        if self.ext_port > self.spad_lanes:
+            raise ValueError(f"ChipConfig ext_port = {self.ext_port} needs spad_lanes >= {self.ext_port} (a "
+                             f"group is written through the banks' lanes), not spad_lanes={self.spad_lanes}")
+        if self.ext_words % self.ext_port:
+            raise ValueError(f"ChipConfig ext_port = {self.ext_port} needs ext_words a multiple of it (the "
+                             f"board's memory is {self.ext_port} banks), not ext_words={self.ext_words}")
 
     # ---- derived widths and limits -----------------------------------------------------------------
     @property

@@ -26,7 +26,8 @@ __all__ = [
     "to_words32", "from_words32", "describe",
     "RESIDENT_OPS", "gather", "scatter", "resident_runs", "resident_busy_cycles", "legal_ops",
     "MM_RQ_OPS", "CHIP_OPERANDS", "hw_operands", "rqc", "RQC_BUSY",
-    "ideal_cycles", "macs", "ext_words", "vector_elements", "vector_lanes", "ext_port_words",
+    "ideal_cycles", "macs", "ext_words", "vector_elements", "vector_lanes", "ext_port_words", "dma_groups",
+    "row_group_log2", "row_groups",
     "SM_DIV_WIDTH", "sm_busy_cycles",
     "SEQ_CYCLES", "seq_cycles", "ErrorKind", "ERROR_KIND_BITS", "issue_limits", "issue_stop",
 ]
@@ -705,7 +706,7 @@ def busy_cycles(ins, lat: int = 8, cfg: ChipConfig = BOOK) -> int:
         return RQC_BUSY
     if op in RESIDENT_OPS:
         runs = resident_runs(o["lo"], o["hi"], o["page_log2"])
-        return resident_busy_cycles(op, len(runs), (o["hi"] - o["lo"]) << o["row_log2"], lat)
+        return resident_busy_cycles(op, len(runs), row_groups(o["hi"] - o["lo"], o["row_log2"], cfg), lat)
     n = o["len"]
     if op == Op.VADD:
         return vadd_busy_cycles(n, cfg)
@@ -713,7 +714,9 @@ def busy_cycles(ins, lat: int = 8, cfg: ChipConfig = BOOK) -> int:
         return rq_busy_cycles(n, cfg)
     if op == Op.SM:
         return sm_busy_cycles(n, cfg)
-    return {Op.LD: n + lat + 1, Op.ST: n + 2,
+    # LD and ST move ext_port words a cycle (docs/ext-port.md): n on the book's chip
+    groups = dma_groups(n, cfg)
+    return {Op.LD: groups + lat + 1, Op.ST: groups + 2,
             Op.AMAX: n + 3, Op.UNPACK: 10 * n + 1}[Op(op)]
 
 
@@ -775,9 +778,28 @@ def vector_lanes(cfg: ChipConfig = BOOK) -> int:
 
 
 def ext_port_words(cfg: ChipConfig = BOOK) -> int:
-    """Words the external-memory port can move in one cycle on the chip `cfg`: one (a single port one
-    ``word_bits`` wide, read or written)."""
-    return 1
+    """Words the external-memory port can move in one cycle on the chip `cfg`: ``cfg.ext_port`` (one on the
+    book's chip; docs/ext-port.md)."""
+    return cfg.ext_port
+
+
+def dma_groups(words: int, cfg: ChipConfig = BOOK) -> int:
+    """Cycles an LD or ST of `words` words moves data on the chip `cfg`: ``ceil(words / ext_port)`` groups of
+    consecutive words, the last one possibly partial (docs/ext-port.md); `words` on the book's chip."""
+    return -(-words // cfg.ext_port)
+
+
+def row_group_log2(row_log2: int, cfg: ChipConfig = BOOK) -> int:
+    """log2 of the groups one GATHER or SCATTER row of ``2**row_log2`` words takes on the chip `cfg`: a group
+    is ``min(ext_port, row words)`` words and never crosses a row (docs/ext-port.md), so
+    ``max(row_log2 - log2(ext_port), 0)``; `row_log2` itself on the book's chip."""
+    return max(row_log2 - (cfg.ext_port.bit_length() - 1), 0)
+
+
+def row_groups(rows: int, row_log2: int, cfg: ChipConfig = BOOK) -> int:
+    """Cycles a GATHER or SCATTER spends moving `rows` rows of ``2**row_log2`` words on the chip `cfg`
+    (`row_group_log2`): the words on a one-word port."""
+    return rows << row_group_log2(row_log2, cfg)
 
 
 def macs(ins, cfg: ChipConfig | None = None) -> int:
@@ -851,6 +873,9 @@ def resident_runs(lo: int, hi: int, page_log2: int) -> list[tuple[int, int, int]
 def resident_busy_cycles(op: int, runs: int, words: int, lat: int, *, error: bool = False,
                          built_lat: int | None = None) -> int:
     """WAIT cycles of a GATHER or SCATTER that looked up `runs` table entries and moved `words` words.
+
+    On a chip whose external port moves more than one word a cycle (``ext_port``, docs/ext-port.md), `words`
+    is the groups moved instead (`row_groups`: one a cycle, as a word is on the book's chip).
 
     A normal end: every run of the instruction and all its words. An error stop in run j (1-based):
     ``runs = j`` and the words of the j - 1 runs done (docs/resident.md). Two lookup cycles per run, one

@@ -224,12 +224,16 @@ class LinkEngine(wiring.Component):
     spad_we, spad_waddr : In(1), In(config.spad_addr_bits)
         The chip's scratchpad writes, likewise. With ``config.spad_lanes`` > 1 (docs/spad-lanes.md) a
         cycle writes up to `spad_lanes` consecutive words: `spad_waddr` is then the lowest lane's address
-        that writes and `spad_waddr_last` the highest's.
+        that writes and `spad_waddr_last` the highest's. With ``config.ext_port`` > 1 (docs/ext-port.md)
+        `ext_waddr` and `ext_waddr_last` are the same for the external writes that land.
     spad_waddr_last : In(config.spad_addr_bits)
         Only with ``config.spad_lanes`` > 1: the address of the highest write lane that writes this
         cycle. The lanes span fewer than `DIRTY_BLOCK` words, so the blocks of `spad_waddr` and
         `spad_waddr_last` are every block the cycle writes: both are marked (a second write port on
         the scratchpad's map).
+    ext_waddr_last : In(16)
+        Only with ``config.ext_port`` > 1: the address of the highest external write lane that lands this
+        cycle, marked as `spad_waddr_last` is.
     busy : Out(1)
         A frame is being taken, executed or answered (not hunting): the link-activity LED.
     running : Out(1)
@@ -274,6 +278,9 @@ class LinkEngine(wiring.Component):
             # the lanes' span must stay within two blocks for two marks to cover it
             assert config.spad_lanes <= DIRTY_BLOCK
             members["spad_waddr_last"] = In(config.spad_addr_bits)
+        if config.ext_port > 1:
+            # likewise the external port's write lanes (docs/ext-port.md)
+            members["ext_waddr_last"] = In(config.ext_addr_bits)
         super().__init__(members)
 
     def elaborate(self, platform):
@@ -417,11 +424,11 @@ class LinkEngine(wiring.Component):
                 wp.addr.eq(Mux(clearing, clr, ma)),
                 wp.data.eq(~clearing),
             ]
-            if mem is self.spad_dirty and cfg.spad_lanes > 1:
+            if (mem is self.spad_dirty and cfg.spad_lanes > 1) or (mem is self.ext_dirty and cfg.ext_port > 1):
                 # the highest lane's block (the lowest's is marked by the first port, which also
                 # does the clearing: this one stays off meanwhile, as marks do on the first)
                 mv2, ma2 = Signal(), Signal(bits)
-                last = self.spad_waddr_last
+                last = self.spad_waddr_last if mem is self.spad_dirty else self.ext_waddr_last
                 m.d.sync += [mv2.eq(we), ma2.eq(last[shift:shift + bits] if len(last) > shift else 0)]
                 wp2 = mem.write_port()
                 m.d.comb += [wp2.en.eq(~clearing & mv2), wp2.addr.eq(ma2), wp2.data.eq(1)]

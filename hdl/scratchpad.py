@@ -198,8 +198,9 @@ class Scratchpad(wiring.Component):
         reads = config.spad_reads if reads is None else reads
         lanes = config.spad_lanes if lanes is None else lanes
         if read_lanes is None:
-            read_lanes = config.vec_lanes
-            lane_reads = self.read_lanes_of(config, reads)["lane_reads"] if lane_reads is None else lane_reads
+            of = self.read_lanes_of(config, reads)
+            read_lanes = of["read_lanes"]
+            lane_reads = of["lane_reads"] if lane_reads is None else lane_reads
         aw = check_pow2(self, "depth", depth)
         check_int(self, "width", width, 1)
         check_int(self, "reads", reads, 1)
@@ -223,11 +224,15 @@ class Scratchpad(wiring.Component):
     def read_lanes_of(config, reads=None):
         """The read lanes of the scratchpad of chip `config` (with `reads` read ports, default
         ``config.spad_reads``) as keyword arguments of `SpadPort`: ``config.vec_lanes`` lanes on the first
-        ``vadd_ports`` read ports (RQ's port 0, VADD's 0 and 1; none with one lane)."""
+        ``vadd_ports`` read ports (RQ's port 0, VADD's 0 and 1; none with one lane), and at least
+        ``config.ext_port`` lanes on port 0 (ST's and SCATTER's groups, docs/ext-port.md)."""
         reads = config.spad_reads if reads is None else reads
-        if config.vec_lanes == 1:
+        lanes = max(config.vec_lanes, config.ext_port)
+        if lanes == 1:
             return {"read_lanes": 1, "lane_reads": None}
-        return {"read_lanes": config.vec_lanes, "lane_reads": min(reads, config.vadd_ports)}
+        # ST's and SCATTER's groups (docs/ext-port.md) come through port 0's lanes, RQ's and VADD's through
+        # the first vadd_ports
+        return {"read_lanes": lanes, "lane_reads": min(reads, config.vadd_ports) if config.vec_lanes > 1 else 1}
 
     @property
     def depth(self):

@@ -106,10 +106,10 @@ def test_exact_completion_of_ld_gather_scatter_bounded_and_failing_one_cycle_lat
     import hdl.units.scatter as scatter
     from hdl.config import BOOK
     lat2 = replace(BOOK, lat=2)
-    late_ld = _late(ld, """                    with m.If(count.is_nth(len_r)):
+    late_ld = _late(ld, """                    with m.If(count.is_nth(groups)):
                         m.d.sync += self.done.eq(1)
                         m.next = "IDLE"
-""", """                    with m.If(count.is_nth(len_r)):
+""", """                    with m.If(count.is_nth(groups)):
                         m.next = "LAST"
             with m.State("LAST"):
                 m.d.sync += self.done.eq(1)

@@ -49,12 +49,18 @@ def test_non_integer_parameter_is_a_type_error():
 
 @pytest.mark.parametrize("spec, message", [
     ("zzz", "--chip 'zzz': 'zzz' is neither a preset (book, fast) nor name=value"),
-    ("foo=1", "--chip 'foo=1': unknown parameter 'foo' (parameters: array, counter_bits, ext_words, "
+    ("foo=1", "--chip 'foo=1': unknown parameter 'foo' (parameters: array, counter_bits, ext_port, ext_words, "
               "gather, lat, mm_bcast, mm_fold, mm_load, mm_overlap, mm_pack, mm_pack_c, mm_rq, prefetch, rom_words, row_depth, rq_pipe, sm_div, spad_depth, spad_lanes, vadd_ports, "
                   "vec_lanes, word_bits)"),
     ("array=x", "--chip 'array=x': array='x' is not a whole number"),
     ("array=8,array=4", "--chip 'array=8,array=4': array given twice"),
     ("array=3", "--chip 'array=3': ChipConfig array must be a power of two in 1..16, not 3"),
+    ("fast,ext_port=3", "--chip 'fast,ext_port=3': ChipConfig ext_port must be 1, 2 or 4, not 3"),
+    ("book,ext_port=2", "--chip 'book,ext_port=2': ChipConfig ext_port = 2 needs spad_lanes >= 2 (a group is "
+                        "written through the banks' lanes), not spad_lanes=1"),
+    ("fast,ext_port=4,ext_words=16382", "--chip 'fast,ext_port=4,ext_words=16382': ChipConfig ext_port = 4 needs "
+                                        "ext_words a multiple of it (the board's memory is 4 banks), not "
+                                        "ext_words=16382"),
     ("", "--chip '': give a preset (book, fast) or name=value overrides"),
 ])
 def test_bad_spec_names_itself(spec, message):

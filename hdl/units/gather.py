@@ -28,13 +28,14 @@ builds the chip with its memory's LAT, so the cycle model there is the formula a
 """
 import types
 
-from amaranth.hdl import Const, Module, Mux, Signal
+from amaranth.hdl import Cat, Const, Module, Mux, Signal
 from amaranth.lib import enum
 from amaranth.lib.wiring import In, Out
 
 from hdl import isa
 from hdl.isa import Op
 from hdl.properties import History
+from hdl.scratchpad import SpadPort
 
 from .base import SpadUnit, operand
 from .ld import ReadCount, memory_on_time
@@ -116,7 +117,24 @@ class TableWalk:
         # Only the low 16 bits of the page number reach a 16-bit address.
         in_pool = (entry[:cfg.ext_addr_bits] << opr.page_log2) | (self.row & page_mask)
         self.pool_addr = (opr.base + (in_pool << opr.row_log2))[:cfg.ext_addr_bits]
-        self.row_end = self.word == row_mask
+        P = cfg.ext_port
+        if P == 1:
+            self.step = 1
+            self.row_end = self.word == row_mask
+        else:
+            # a group of min(P, row words) words a MOVE cycle, never across a row (docs/ext-port.md): the
+            # word steps by the group, and the row ends with its last group
+            lg = P.bit_length() - 1
+            self.group_log2 = Signal(range(lg + 1), name="group_log2")
+            self.group_mask = Signal(P - 1, name="group_mask")
+            m.d.comb += [self.group_log2.eq(Mux(opr.row_log2 >= lg, lg, opr.row_log2)),
+                         self.group_mask.eq((Const(1, 1) << self.group_log2) - 1)]
+            self.step = self.group_mask + 1
+            self.row_end = (self.word | self.group_mask) == row_mask
+            # the groups a row takes: 2 ** (row_log2 - group_log2)
+            self.row_groups_log2 = Signal(len(opr.row_log2), name="row_groups_log2")
+            m.d.comb += self.row_groups_log2.eq(opr.row_log2 - self.group_log2)
+        self.row_mask = row_mask
         self.last_row = (self.row + 1) == opr.hi
         self.page_end = (self.row & page_mask) == page_mask
 
@@ -175,7 +193,7 @@ class TableWalk:
                     with m.Elif(self.page_end):
                         m.next = "L1"
                 with m.Else():
-                    m.d.sync += self.word.eq(self.word + 1)
+                    m.d.sync += self.word.eq(self.word + self.step)
             with m.State("END"):
                 end()
             with m.State("STOP"):
@@ -204,7 +222,8 @@ class TableWalk:
         shift = opr.page_log2 + opr.row_log2            # log2 of a page's words
         first = (opr.base + (page[:cfg.ext_addr_bits] << shift))[:cfg.ext_addr_bits]
         offset = (addr - first)[:cfg.ext_addr_bits]
-        inside = offset < (Const(1, 1) << shift)
+        # with ext_port > 1 the access is a group: its last word too (docs/ext-port.md)
+        inside = (offset if cfg.ext_port == 1 else offset + self.group_mask) < (Const(1, 1) << shift)
         good = listed & (page < opr.pool_pages)
         h.check("isolation", ~valid | (good & inside), ISOLATION_PROPERTIES["isolation"],
                 covers={"an external access": valid})
@@ -212,7 +231,10 @@ class TableWalk:
         page_mask = (Const(1, 1) << opr.page_log2) - 1
         in_pool = (page[:cfg.ext_addr_bits] << opr.page_log2) | (self.row & page_mask)
         want = (opr.base + (in_pool << opr.row_log2) + self.word)[:cfg.ext_addr_bits]
-        h.check("walk", ~self.fsm.ongoing("MOVE") | (good & (reg == want) & (self.word <= row_mask)),
+        walking = good & (reg == want) & (self.word <= row_mask)
+        if cfg.ext_port > 1:
+            walking = walking & ((self.word & self.group_mask) == 0)        # a group's first word
+        h.check("walk", ~self.fsm.ongoing("MOVE") | walking,
                 ISOLATION_PROPERTIES["walk"], covers={"MOVE": self.fsm.ongoing("MOVE")})
 
 
@@ -266,9 +288,11 @@ class Isolated:
             """Table entries (pages) that rows [lo, end) lie in."""
             return Mux(end > lo, ((end - 1) >> p) - (lo >> p) + 1, 0)
 
-        words = Mux(hi > lo, (hi - lo) << opr.row_log2, 0)
+        # the groups a row takes (docs/ext-port.md): its words on a one-word port
+        per_row = opr.row_log2 if self.config.ext_port == 1 else self._walk.row_groups_log2
+        words = Mux(hi > lo, (hi - lo) << per_row, 0)
         cycles = {}
-        for error, n_runs, n_words in ((0, runs(hi), words), (1, runs(lo + (moved >> opr.row_log2)) + 1, moved)):
+        for error, n_runs, n_words in ((0, runs(hi), words), (1, runs(lo + (moved >> per_row)) + 1, moved)):
             per_run, per_word, tail = resident_linear(self.OP, self.config.lat, bool(error))
             cycles[error] = per_run * n_runs + per_word * n_words + tail
         applies = 1
@@ -318,17 +342,26 @@ class GatherUnit(Isolated, SpadUnit):
         return self.busy & (outstanding != 0) & (outstanding <= 1024)
 
     def write_inside(self, m, opr):
-        """Response k goes to spad + k, k below the words of [lo, hi): [spad, spad + words)."""
+        """Response k goes to spad + k, k below the words of [lo, hi): [spad, spad + words) (with
+        ``ext_port`` > 1 every lane that writes, docs/ext-port.md)."""
         words = (opr.hi - opr.lo) << opr.row_log2
-        return (self.spad.waddr - opr.spad)[:self.config.spad_addr_bits] < words
+        aw = self.config.spad_addr_bits
+        inside = (self.spad.waddr - opr.spad)[:aw] < words
+        for j in range(1, self.config.ext_port):
+            inside = inside & (~self.spad.we_x[j - 1] | ((self.spad.waddr + j - opr.spad)[:aw] < words))
+        return inside
 
     def ports(self, cfg):
-        return {**super().ports(cfg),
-                "req_valid":  Out(1),
-                "req_addr":   Out(cfg.ext_addr_bits),
-                "resp_valid": In(1),
-                "resp_data":  In(cfg.word_bits),
-                **error_ports(cfg)}
+        members = {**super().ports(cfg),
+                   "req_valid":  Out(1),
+                   "req_addr":   Out(cfg.ext_addr_bits),
+                   "resp_valid": In(1),
+                   "resp_data":  In(cfg.word_bits * cfg.ext_port),
+                   **error_ports(cfg)}
+        if cfg.ext_port > 1:
+            # a response group is written through ext_port write lanes (docs/ext-port.md)
+            members["spad"] = Out(SpadPort.of(cfg, lanes=cfg.ext_port))
+        return members
 
     def elaborate(self, platform):
         m = Module()
@@ -343,9 +376,16 @@ class GatherUnit(Isolated, SpadUnit):
         tail = Signal(range(cfg.lat + 1), name="tail")
         answered = count.answered(self.resp_valid)
 
+        if cfg.ext_port == 1:
+            writes = count.write_side(self.spad, opr.spad, self.resp_valid, self.resp_data)
+        else:
+            # response k is group k: min(P, row words) words from spad + k * that (docs/ext-port.md)
+            lane_valid = Cat(walk.group_mask >= j for j in range(1, cfg.ext_port))
+            writes = count.write_lanes(self.spad, opr.spad, self.resp_valid, self.resp_data, walk.group_log2,
+                                       lane_valid)
         m.d.comb += [
             self.spad.raddr.eq(walk.table_addr),
-            *count.write_side(self.spad, opr.spad, self.resp_valid, self.resp_data),
+            *writes,
             self.req_addr.eq(src),
         ]
         with m.If(self.busy & self.resp_valid):
@@ -353,7 +393,7 @@ class GatherUnit(Isolated, SpadUnit):
 
         def move():
             m.d.comb += self.req_valid.eq(1)
-            m.d.sync += [src.eq(src + 1), count.request()]
+            m.d.sync += [src.eq(src + walk.step), count.request()]
 
         def end():
             # LD's end: the last response is being written (one is always outstanding in END)
@@ -371,7 +411,7 @@ class GatherUnit(Isolated, SpadUnit):
 
         walk.control(start_extra=count.clear(), found=[src.eq(walk.pool_addr)],
                      move=move, stop_entry=[tail.eq(cfg.lat)], end=end, stop=stop)
-        self._count = count
+        self._count, self._walk = count, walk
         self.check_protocol(m, opr)
         walk.check_isolation(self.req_valid, self.req_addr, src)
         return m

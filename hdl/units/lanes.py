@@ -17,11 +17,12 @@ __all__ = ["VectorLanes", "lane_pass", "lanes_busy"]
 COUNT_BITS = 17
 
 
-def lanes_busy(op, cfg):
+def lanes_busy(op, cfg, l=None):
     """(l, b) with ``hdl.isa.busy_cycles`` of an instruction of `op` and length n equal to ceil(n/l) + b on
-    the chip `cfg` (RQ and VADD with ``vec_lanes`` = l), read from the cycle model itself, the one
-    definition; a model of another form raises ValueError."""
-    l = cfg.vec_lanes
+    the chip `cfg` (RQ and VADD with ``vec_lanes`` = l; LD and ST with ``ext_port`` = l, docs/ext-port.md,
+    when `l` is given), read from the cycle model itself, the one definition; a model of another form
+    raises ValueError."""
+    l = cfg.vec_lanes if l is None else l
     hi, lo = HW_OPERANDS[op]["len"]
     lengths = (1, 2, 3, 4, 5, 8, 9, 1000, (1 << (hi - lo + 1)) - 1)      # the longest the field holds
     times = [busy_cycles((int(op) << 124) | (n << lo), cfg.lat, cfg=cfg) for n in lengths]

@@ -15,6 +15,7 @@ from hdl.properties import History, checking, unit_protocol
 from hdl.scratchpad import SpadPort
 
 from .base import COMPLETION_PROPERTIES, Scoped, completion_counter, linear_busy
+from .lanes import lanes_busy
 
 __all__ = ["DMA", "ReadCount", "memory_on_time"]
 
@@ -72,6 +73,16 @@ class ReadCount:
     def write_side(self, spad, base, resp_valid, resp_data):
         """Comb statements of the scratchpad write: the response arriving now to ``base + recvd``."""
         return [spad.we.eq(resp_valid), spad.waddr.eq(base + self.recvd), spad.wdata.eq(resp_data)]
+
+    def write_lanes(self, spad, base, resp_valid, resp_data, shift, lane_valid):
+        """`write_side` for responses of several words (``ext_port`` > 1, docs/ext-port.md): response k is a
+        group written from ``base + (k << shift)`` through the port's write lanes, word j of the group to
+        lane j; `lane_valid` (a value of one bit a lane past 0) says which lanes past 0 hold a word of it."""
+        lanes = len(spad.we_x) + 1
+        return [spad.we.eq(resp_valid), spad.waddr.eq(base + (self.recvd << shift)),
+                spad.wdata.eq(resp_data[:len(spad.wdata)]),
+                spad.we_x.eq(lane_valid & resp_valid.replicate(lanes - 1)),
+                *(spad.wdata_x[j - 1].eq(resp_data.word_select(j, len(spad.wdata))) for j in range(1, lanes))]
 
     def request(self):
         """Sync statement of a cycle that issues a request."""
@@ -166,8 +177,8 @@ class DMA(Scoped, wiring.Component):
             "req_valid":  Out(1),
             "req_addr":   Out(xw),
             "resp_valid": In(1),
-            "resp_data":  In(config.word_bits),
-            "spad":       Out(SpadPort(aw, config.word_bits)),
+            "resp_data":  In(config.word_bits * config.ext_port),
+            "spad":       Out(SpadPort(aw, config.word_bits, lanes=config.ext_port)),
         })
 
     @property
@@ -184,13 +195,29 @@ class DMA(Scoped, wiring.Component):
         dst_r = Signal(self._aw)
         len_r = Signal(self._aw)
         count = ReadCount(self._aw)
-
-        pending = count.issued != len_r
-        m.d.comb += [
-            self.req_valid.eq(self.busy & pending),
-            self.req_addr.eq(src_r + count.issued),
-            *count.write_side(self.spad, dst_r, self.resp_valid, self.resp_data),
-        ]
+        P = self.config.ext_port
+        if P == 1:
+            groups = len_r  # P == 1: a group is a word
+            pending = count.issued != groups
+            m.d.comb += [
+                self.req_valid.eq(self.busy & pending),
+                self.req_addr.eq(src_r + count.issued),
+                *count.write_side(self.spad, dst_r, self.resp_valid, self.resp_data),
+            ]
+        else:
+            # docs/ext-port.md: request k asks for the P words from src + k*P, response k writes them from
+            # dst + k*P, the lanes past the length left out (the last group may be partial)
+            lg = P.bit_length() - 1
+            groups = Signal(self._aw, name="groups")
+            pending = count.issued != groups
+            first = count.recvd << lg
+            lane_valid = Cat(first + j < len_r for j in range(1, P))
+            m.d.comb += [
+                groups.eq((len_r + (P - 1)) >> lg),
+                self.req_valid.eq(self.busy & pending),
+                self.req_addr.eq(src_r + (count.issued << lg)),
+                *count.write_lanes(self.spad, dst_r, self.resp_valid, self.resp_data, lg, lane_valid),
+            ]
 
         # The units' control idiom (hdl.units.base.Unit.control): an FSM, busy = not IDLE.
         m.d.sync += self.done.eq(0)
@@ -206,7 +233,7 @@ class DMA(Scoped, wiring.Component):
                 with m.If(self.resp_valid):
                     m.d.sync += count.receive()
                     # with len 0 this never matches, as in the RTL
-                    with m.If(count.is_nth(len_r)):
+                    with m.If(count.is_nth(groups)):
                         m.d.sync += self.done.eq(1)
                         m.next = "IDLE"
         m.d.comb += self.busy.eq(~fsm.ongoing("IDLE"))
@@ -224,7 +251,13 @@ class DMA(Scoped, wiring.Component):
         after the start edge."""
         waited = completion_counter(m, self.start, self.busy)
         on_time = memory_on_time(m, self.start, self.busy, self.req_valid, self.resp_valid, self.config.lat)
-        a, b = linear_busy(self.OP, self.config)
-        History(m, self.scope).check("exact_completion", ~self.done | (n == 0) | ~on_time | (waited == a * n + b),
+        if self.config.ext_port == 1:
+            a, b = linear_busy(self.OP, self.config)
+            cycles = a * n + b
+        else:
+            # ceil(n / ext_port) groups (docs/ext-port.md)
+            l, b = lanes_busy(self.OP, self.config, self.config.ext_port)
+            cycles = ((n + (l - 1)) >> (l.bit_length() - 1)) + b
+        History(m, self.scope).check("exact_completion", ~self.done | (n == 0) | ~on_time | (waited == cycles),
                                      COMPLETION_PROPERTIES["exact_completion"],
                                      covers={"done after a memory on time": self.done & on_time})

@@ -15,7 +15,7 @@ Timing after the start edge E0:
 * a failing check in L2 writes nothing more; ``done`` is high two cycles after that L2:
   B = 2 * j + words_done + 2, with ``error``, ``error_kind`` and ``error_info`` as in `GatherUnit`.
 """
-from amaranth.hdl import Module, Mux, Signal
+from amaranth.hdl import Cat, Module, Mux, Signal
 
 from hdl.isa import Op
 
@@ -35,7 +35,8 @@ class ScatterUnit(Isolated, StoreUnit):
     OP = Op.SCATTER
 
     def external_access(self):
-        return self.wr_valid
+        # a group's first lane always writes (docs/ext-port.md)
+        return self.wr_valid if self.config.ext_port == 1 else self.wr_valid[0]
 
     def ports(self, cfg):
         return {**super().ports(cfg), **error_ports(cfg)}
@@ -51,16 +52,23 @@ class ScatterUnit(Isolated, StoreUnit):
         wa = Signal(cfg.ext_addr_bits, name="wa")     # ... and this is its external address
         moving = Signal()
 
+        if cfg.ext_port > 1:
+            # a group of min(P, row words) words a MOVE cycle (docs/ext-port.md): lane k writes when the
+            # group has a word k
+            v = Signal(cfg.ext_port, name="v")
+            lanes = Cat(1, *(walk.group_mask >= k for k in range(1, cfg.ext_port)))
+        else:
+            lanes = 1
         # ST's datapath: the table entry or the next word read, the word read a cycle ago written
         self.store_path(m, Mux(moving, opr.spad + issued, walk.table_addr), v, wa)
         # ST's one-cycle delay from read to write
-        m.d.sync += v.eq(moving)
+        m.d.sync += v.eq(Mux(moving, lanes, 0) if cfg.ext_port > 1 else moving)
         with m.If(moving):
             m.d.sync += wa.eq(dst)
 
         def move():
             m.d.comb += moving.eq(1)
-            m.d.sync += [dst.eq(dst + 1), issued.eq(issued + 1)]
+            m.d.sync += [dst.eq(dst + walk.step), issued.eq(issued + walk.step)]
 
         def finish_now():
             # ST's end: the last word is written this cycle (END) or nothing is left (STOP)
@@ -68,6 +76,7 @@ class ScatterUnit(Isolated, StoreUnit):
 
         walk.control(start_extra=[issued.eq(0)], found=[dst.eq(walk.pool_addr)], move=move,
                      stop_entry=[], end=finish_now, stop=finish_now)
+        self._walk = walk
         self.check_protocol(m, opr)
-        walk.check_isolation(self.wr_valid, self.wr_addr, dst)
+        walk.check_isolation(self.wr_valid if cfg.ext_port == 1 else self.wr_valid[0], self.wr_addr, dst)
         return m

@@ -20,7 +20,8 @@ from hdl.arith import (EXP_TABLE, SOFTMAX_NUM, argmax_first, divu, requant, s8, 
                        unpack_word, vadd_sat)
 from hdl.config import BOOK, ChipConfig
 from hdl.isa import (COUNTER_INDEX, COUNTER_OF, RESIDENT_OPS, ErrorKind, IsaError, Op, busy_cycles, issue_stop,
-                     legal_ops, mm_fold_conflict, operands, resident_busy_cycles, resident_runs, seq_cycles, validate)
+                     legal_ops, mm_fold_conflict, operands, resident_busy_cycles, resident_runs, row_groups, seq_cycles,
+                     validate)
 from hdl.isa import MM_RQ_OPS
 
 from sim.backends import (MAX_CYCLES, Backend, BadInput, DidNotHalt, ErrorStop, RunResult, SimError,
@@ -150,7 +151,8 @@ class ReferenceMachine(Backend):
             if op in RESIDENT_OPS:
                 # the data moves before the counters here: an error stop shortens the busy time
                 error, runs, words = _resident(o, spad, ext, n_ext, sp)
-                busy = resident_busy_cycles(op, runs, words, lat)
+                # the rows moved, in groups of the external port's width (docs/ext-port.md)
+                busy = resident_busy_cycles(op, runs, row_groups(words >> o["row_log2"], o["row_log2"], cfg), lat)
                 if error is not None:
                     error = ErrorStop(error[0], pc, error[1])
             else:
