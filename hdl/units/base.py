@@ -119,10 +119,16 @@ class Scoped:
     # Bits of the cycle count the exact completion compares (`completion_counter`).
     COMPLETION_WIDTH = COMPLETION_BITS
 
+    # A unit of the external port (LD, ST, GATHER, SCATTER): on a chip with ``ext_port`` > 1 it moves groups of
+    # words (docs/ext-port.md), another design, under the scope ``<op>_port``.
+    PORT_UNIT = False
+
     @classmethod
     def scope_of(cls, cfg):
-        """The scope of this unit's properties on the chip `cfg`: its opcode's name by default."""
-        return cls.OP.name.lower()
+        """The scope of this unit's properties on the chip `cfg`: its opcode's name by default, with ``_port``
+        for a `PORT_UNIT` on a chip with ``ext_port`` > 1."""
+        name = cls.OP.name.lower()
+        return f"{name}_port" if cls.PORT_UNIT and cfg.ext_port > 1 else name
 
     @classmethod
     def properties_of(cls, cfg):

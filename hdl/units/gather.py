@@ -328,6 +328,7 @@ class GatherUnit(Isolated, SpadUnit):
     """
 
     OP = Op.GATHER
+    PORT_UNIT = True
 
     def external_access(self):
         return self.req_valid

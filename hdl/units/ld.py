@@ -151,6 +151,7 @@ class DMA(Scoped, wiring.Component):
     """
 
     OP = Op.LD
+    PORT_UNIT = True
     # its busy time, len + LAT + 1, is the memory's as much as the instruction's: the exact completion is
     # asserted for a memory answering in config.lat (`memory_on_time`; a unit target's responses are free,
     # so that is the property's antecedent there); tests/test_dma.py checks the timeline cycle by cycle

@@ -30,6 +30,7 @@ class StoreUnit(Unit):
     """
 
     OP = Op.ST
+    PORT_UNIT = True
 
     def ports(self, cfg):
         members = {**super().ports(cfg), "wr_valid": Out(cfg.ext_port), "wr_addr": Out(cfg.ext_addr_bits),

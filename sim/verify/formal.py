@@ -95,7 +95,8 @@ def _unit_chips():
     vadd_lanes: four read words and two written a cycle); the drain-lanes MM unit with a broadcast array
     (docs/mm-bcast.md, scope mm_bcast: every column takes k at once, the start later by B's groups); the same
     folding a wide MM into its lower rows (docs/mm-fold.md, scope mm_fold: N up to 8 on the 4x4 array for M <=
-    2). Every unit of the presets has its scope among theirs (tests/test_formal.py)."""
+    2); LD, ST, GATHER and SCATTER moving four words a cycle (docs/ext-port.md, scopes ld_port, st_port,
+    gather_port, scatter_port). Every unit of the presets has its scope among theirs (tests/test_formal.py)."""
     from dataclasses import replace
 
     from hdl.config import BOOK
@@ -107,7 +108,8 @@ def _unit_chips():
             replace(BOOK, vadd_ports=2, mm_overlap=1, rq_pipe=1, spad_lanes=2, vec_lanes=2),
             replace(BOOK, mm_rq=1, mm_pack=1, mm_overlap=1, rq_pipe=1, mm_pack_c=1, spad_lanes=2, mm_bcast=1),
             replace(BOOK, mm_rq=1, mm_pack=1, mm_overlap=1, rq_pipe=1, mm_pack_c=1, spad_lanes=2, mm_bcast=1,
-                    mm_fold=1))
+                    mm_fold=1),
+            replace(BOOK, gather=1, lat=CHIP_LAT, mm_overlap=1, spad_lanes=4, ext_port=4))
 
 
 UNIT_CHIPS = _unit_chips()
@@ -263,11 +265,14 @@ class ChipEnv(wiring.Component):
         Read latency: a response is valid exactly `lat` cycles after its request (and never otherwise).
     chip : callable, optional
         Builds the chip (default `hdl.chip.GA2`); the tests pass broken variants here.
+    port : int, optional
+        Words of the chip's external port (``config.ext_port``, docs/ext-port.md): the free response is that
+        many words wide.
     """
 
-    def __init__(self, lat: int = CHIP_LAT, chip: Callable | None = None):
+    def __init__(self, lat: int = CHIP_LAT, chip: Callable | None = None, port: int = 1):
         self._lat, self._chip = lat, chip
-        super().__init__({"start": In(1), "imem_data": In(128), "resp_data": In(32), "halted": Out(1)})
+        super().__init__({"start": In(1), "imem_data": In(128), "resp_data": In(32 * port), "halted": Out(1)})
 
     def elaborate(self, platform):
         from hdl.chip import GA2
@@ -303,7 +308,8 @@ def chip_targets(cfg) -> list[Target]:
         out.append(Target(cls.scope_of(cfg), lambda cls=cls: cls(config=cfg), props,
                           frozenset(props) - BOUNDED_UNIT_PROPERTIES))
     props = chip_properties(cfg)
-    out.append(Target("prefetch" if cfg.prefetch else "chip", lambda: ChipEnv(chip=lambda: GA2(config=cfg)),
+    out.append(Target("prefetch" if cfg.prefetch else "chip",
+                      lambda: ChipEnv(chip=lambda: GA2(config=cfg), port=cfg.ext_port),
                       props, chip_induct(props), CHIP_KEEP, CHIP_INDUCT_DEPTH))
     return out
 
