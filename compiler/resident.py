@@ -19,7 +19,7 @@ Pure Python: imports `hdl.isa`, `hdl.arith`, `hdl.config` and the compiler, neve
 
 External memory (words)::
 
-    0                 x: the new input row (D words)
+    0                 x: the new input row (D words), ending where the table starts (`ResidentLayout.x_ext`)
     D                 the block table, one page number a word (table_cap words)
     D + table_cap     tok (1 word), then logits (V words)
     staging           the weights, in scratchpad order (written by the host once, for the load program)
@@ -29,12 +29,15 @@ External memory (words)::
 
 Scratchpad: ``[0, spad_limit)`` belongs to the step programs' allocator (and to the page copy's scratch
 rows); the block table sits at ``table_addr`` (table_cap words) and the weights from ``weights_base`` to
-the top. On a chip with ``mm_pack = 1`` the weights that the compiler packs (`compiler.buffers.
-packed_weights`: int8, only ever an untransposed B operand) are staged and kept four int8 a word, as
-every step program reads them (``pb = 1``); the layout's ``packed`` names them. On a chip with
-``mm_pack_c = 1`` the K and V rows are kept four int8 a word too (`compiler.buffers.packed_activations`:
-k_new and v_new are written with ``pc = 1``, kc and vc read with ``pb = 1``), so a pool row is
-``row_words`` = ceil(D / 4) words and GATHER and SCATTER move a quarter of the words.
+the top. A batch program (`host.batch_resident`) keeps its x right below the table instead of where the
+allocator put it (`relocate_load`), so that x and the tables, one range in both memories, come in ONE LD
+(`mailbox_load`: one fixed DMA tail less; the step programs still load them apart). On a chip with
+``mm_pack = 1`` the weights that the compiler packs (`compiler.buffers.packed_weights`: int8, only ever
+an untransposed B operand) are staged and kept four int8 a word, as every step program reads them
+(``pb = 1``); the layout's ``packed`` names them. On a chip with ``mm_pack_c = 1`` the K and V rows are
+kept four int8 a word too (`compiler.buffers.packed_activations`: k_new and v_new are written with
+``pc = 1``, kc and vc read with ``pb = 1``), so a pool row is ``row_words`` = ceil(D / 4) words and
+GATHER and SCATTER move a quarter of the words.
 """
 from __future__ import annotations
 
@@ -54,7 +57,7 @@ from .image import quantize_matrix
 
 __all__ = ["ResidentLayout", "plan_layout", "LoadProgram", "compile_load", "compile_step", "finish_program",
            "compile_page_copy", "check_same_weights", "check_row_round_trip", "mailbox_words", "KVPlan",
-           "plan_kv", "KVRewrite", "interleave_kv"]
+           "plan_kv", "KVRewrite", "interleave_kv", "relocate_load", "mailbox_load"]
 
 
 def _log2(n: int) -> int | None:
@@ -81,6 +84,7 @@ class ResidentLayout:
         External memory: the mailbox (x, the table, tok, logits), the weights' staging area, the pool
         (``k_base``: its row holds a position's K row then its V row, ``pool_row_words`` words; ``v_base``
         = ``k_base + row_words``, where V's half of row 0 starts), and the words the layout needs in all.
+        ``x_addr`` is the first word of x's area, which ends where the table starts (`x_ext`).
     packed : frozenset
         Names of the weights stored four int8 a word (mm_pack chips; empty on any other).
     """
@@ -126,6 +130,14 @@ class ResidentLayout:
 
     def weight_words(self) -> int:
         return sum(n for _, n in self.weights.values())
+
+    def x_ext(self, words: int) -> int:
+        """External address of an input x of `words` words: x ends where the block table starts, so that
+        one LD can bring both (`mailbox_load`). Raises `CompileError` when x's area is too small."""
+        if not 1 <= words <= self.table_ext - self.x_addr:
+            raise CompileError(f"an input x of {words} words does not fit the mailbox's "
+                               f"{self.table_ext - self.x_addr} words before the block table")
+        return self.table_ext - words
 
 
 def plan_layout(graph: Graph, config: ChipConfig, page_rows: int, pool_pages: int,
@@ -655,6 +667,93 @@ def mailbox_words(layout: ResidentLayout, P: Program, x_row, table) -> dict:
     for i, p in enumerate(table):
         out[layout.table_ext + i] = 0xFFFFFFFF if p is None else p
     return out
+
+
+def _spad_extents(ins, cfg: ChipConfig) -> tuple:
+    """The scratchpad words an instruction reads and writes: ``(reads, writes)``, each a list of
+    ``(generic field of its address, first word, words)``; a strided MM operand as the hull of its rows
+    (the extents `hdl.isa.validate` checks)."""
+    o = isa.operands(ins, cfg)
+    op = o["op"]
+    if op in (isa.Op.HALT, isa.Op.RQC):
+        return [], []
+    if op == isa.Op.LD:
+        return [], [("a", o["dst"], o["len"])]
+    if op == isa.Op.ST:
+        return [("a", o["src"], o["len"])], []
+    if op == isa.Op.MM:
+        M, K, N, per_word = o["M"], o["K"], o["N"], cfg.elems_per_word
+        c_words = -(-N // per_word) if o["pc"] else N
+        if o["pb"] and o["tb"]:
+            b_span = (N - 1) * o["ldb"] + -(-K // per_word)
+        elif o["pb"]:
+            b_span = (K - 1) * o["ldb"] + -(-N // per_word)
+        else:
+            b_span = (N - 1) * o["ldb"] + K if o["tb"] else (K - 1) * o["ldb"] + N
+        return ([("b", o["A"], (M - 1) * o["lda"] + K), ("c", o["B"], b_span)],
+                [("a", o["dst"], (M - 1) * o["ldc"] + c_words)])
+    if op == isa.Op.VADD:
+        return [("b", o["src1"], o["len"]), ("c", o["src2"], o["len"])], [("a", o["dst"], o["len"])]
+    if op in (isa.Op.RQ, isa.Op.SM, isa.Op.AMAX, isa.Op.UNPACK):
+        out = 8 * o["len"] if op == isa.Op.UNPACK else 1 if op == isa.Op.AMAX else o["len"]
+        return [("b", o["src"], o["len"])], [("a", o["dst"], out)]
+    if op in (isa.Op.GATHER, isa.Op.SCATTER):
+        rows = [("a", o["spad"], (o["hi"] - o["lo"]) << o["row_log2"])]
+        table = [("b", o["table"], o["table_len"])]
+        return (table, rows) if op == isa.Op.GATHER else (rows + table, [])
+    raise CompileError(f"no scratchpad extents known for {isa.describe(ins, cfg)}")
+
+
+def relocate_load(instrs: list, load: int, to: int, cfg: ChipConfig) -> list:
+    """`instrs` with the buffer that the LD ``instrs[load]`` fills moved to scratchpad word `to`: the LD
+    writes there and every read of the buffer's words reads there instead.
+
+    The compiler's allocator (`compiler.emit.compile_graph`) gives a buffer words that no other buffer
+    holds while it is live, and writes a buffer's words before it reads them; so the reads of the loaded
+    words are exactly those from the LD up to the first instruction writing any of them (the buffer is
+    released by then). The words ``[to, to + len)`` must be the caller's (no instruction touches them).
+    Raises `CompileError` when a read covers only part of the buffer's words or when an instruction
+    touches the words at `to`."""
+    first = isa.operands(instrs[load], cfg)
+    if first["op"] != isa.Op.LD:
+        raise CompileError(f"relocate_load: instruction {load} is {isa.describe(instrs[load], cfg)}, not an LD")
+    lo, n = first["dst"], first["len"]
+    for i, ins in enumerate(instrs):
+        reads, writes = _spad_extents(ins, cfg)
+        if any(s < to + n and to < s + w for _, s, w in reads + writes):
+            raise CompileError(f"relocate_load: instruction {i} ({isa.describe(ins, cfg)}) touches the words "
+                               f"{to}..{to + n - 1} the buffer would move to")
+    out = list(instrs)
+    out[load] = dataclasses.replace(instrs[load], a=to)
+    for i in range(load + 1, len(instrs)):
+        reads, writes = _spad_extents(instrs[i], cfg)
+        moved = {}
+        for field, s, w in reads:
+            if s + w <= lo or s >= lo + n:
+                continue
+            if not lo <= s <= s + w <= lo + n:
+                raise CompileError(f"relocate_load: instruction {i} ({isa.describe(instrs[i], cfg)}) reads "
+                                   f"words {s}..{s + w - 1}, part of the loaded {lo}..{lo + n - 1} only")
+            moved[field] = s + to - lo
+        if moved:
+            out[i] = dataclasses.replace(instrs[i], **moved)
+        if any(s < lo + n and lo < s + w for _, s, w in writes):
+            break                               # the buffer is dead: its words hold another one now
+    return out
+
+
+def mailbox_load(layout: ResidentLayout, x_words: int, table_len: int):
+    """The one LD of a program's mailbox: x (`x_words` words, at ``layout.x_ext(x_words)``) and the block
+    tables after it (`table_len` entries) are one range of external memory, brought into the scratchpad
+    words ``[table_addr - x_words, table_addr + table_len)``: x right below the block-table area, where the
+    caller keeps it (`relocate_load`)."""
+    if layout.table_addr - x_words < 0 or not 0 <= table_len <= layout.table_cap:
+        raise CompileError(f"the mailbox's x ({x_words} words) and {table_len} table entries do not fit "
+                           f"below the block-table area at {layout.table_addr} (capacity {layout.table_cap})")
+    n = x_words + table_len
+    if n > layout.config.max_len:
+        raise CompileError(f"one LD of the mailbox's {n} words is longer than the chip's {layout.config.max_len}")
+    return isa.ld(layout.table_addr - x_words, layout.x_ext(x_words), n)
 
 
 def compile_page_copy(layout: ResidentLayout, rows: int) -> list:

@@ -4,8 +4,10 @@ The weights stay in the scratchpad (one load program per session) and the KV cac
 pool, a position's K row and V row side by side in one pool row (`compiler.resident.plan_kv`): each row of
 a batch GATHERs its cached K and V rows through its own block table (one GATHER a gathered range) and
 SCATTERs its new k and v row into its page slot (one SCATTER). The host writes only the mailbox: the B input
-rows x, the block tables of the B rows one after the other. In a batch of several rows every row's new k/v row is SCATTERed before the
-first GATHER, and each row gathers its own new row with its cached ones (``own_rows`` of
+rows x, ending where the block tables of the B rows (one after the other) start, so that the program's first
+instruction, its only LD, brings both (`compiler.resident.mailbox_load`: x kept right below the block-table
+area, `compiler.resident.relocate_load`). In a batch of several rows every row's new k/v row is SCATTERed
+before the first GATHER, and each row gathers its own new row with its cached ones (``own_rows`` of
 `host.batch.build_batch_graph`): no copy of it is made in the scratchpad.
 The graph, the universal calibration and so every integer are those of `host.batch`: a request served in
 resident mode gives what it gives in book mode and alone (`host.engine.decode_alone`).
@@ -16,7 +18,8 @@ import dataclasses
 
 from compiler import CompileError, compile_graph, readback
 from compiler.resident import (check_row_round_trip, check_same_weights, compile_load, compile_page_copy,
-                               finish_program, interleave_kv, plan_kv, plan_layout)
+                               finish_program, interleave_kv, mailbox_load, plan_kv, plan_layout,
+                               relocate_load)
 from hdl import isa
 from hdl.arith import argmax_first, u32
 from hdl.config import BOOK, ChipConfig
@@ -69,7 +72,8 @@ class ResidentBatchRunner:
         one = build_batch_graph(m, (1,), chip_argmax=False)
         base = plan_layout(one, config, page, n_pages, table_cap)
         B = max_batch
-        # the mailbox for B rows: x (B x D), the tables, tok (B), logits (B x V)
+        # the mailbox for B rows: x (B x D; a batch of b rows writes its b x D words right before the
+        # tables, `ResidentLayout.x_ext`), the tables, tok (B), logits (B x V)
         table_ext = B * D
         tok = table_ext + table_cap
         logits = tok + B
@@ -122,7 +126,11 @@ class ResidentBatchRunner:
         present = {n.attrs["name"] for n in g.nodes if n.op == "weight"}
         placed = {name: addr for name, (addr, _) in lay.weights.items() if name in present}
         kv = plan_kv(g, lay.row_words)
-        region = lay.spad_limit - kv.reserve   # the K/V rows' region, kept from the allocator
+        # x lives right below the block-table area (one LD brings both, `compiler.resident.mailbox_load`),
+        # the K/V rows' region below it: both kept from the allocator
+        x_words = next(n for n in g.nodes if n.op == "input" and n.attrs["name"] == "x").size
+        x_spad = lay.table_addr - x_words
+        region = x_spad - kv.reserve
         P = compile_graph(g, [_dummy_sample(g)], ranges=self.ranges, ext_words=cfg.ext_words, config=cfg,
                           placed=placed, spad_limit=region)
         check_row_round_trip(P)
@@ -131,6 +139,14 @@ class ResidentBatchRunner:
         moved = interleave_kv(P, kv, region)
         pool_row = lay.pool_row_words
         e = P.ext_map
+        x_ext = lay.x_ext(x_words)
+        loads_x = [i for i, ins in enumerate(moved.instrs)
+                   if isa.operands(ins)["op"] == isa.Op.LD and isa.operands(ins)["src"] == e["x"].address]
+        if len(loads_x) != 1:
+            raise CompileError(f"batch program {ctxs}: {len(loads_x)} loads of x, not one")
+        # x's reads move with it to x_spad; the one LD is the program's first instruction (x's words and the
+        # tables' are the caller's, written by nothing else)
+        body = relocate_load(moved.instrs, loads_x[0], x_spad, cfg)
         total_table = sum(s[1] for s in specs)
         if total_table > lay.table_cap:
             raise CompileError(f"the batch's block tables hold {total_table} pages, the mailbox {lay.table_cap}")
@@ -144,7 +160,7 @@ class ResidentBatchRunner:
             off, n, _, _ = specs[j]
             return dict(table=lay.table_addr + off, table_len=n, page_log2=lay.page_log2,
                         row_log2=lay.pool_row_log2, pool_pages=lay.pool_pages, base=lay.k_base)
-        put(isa.ld(lay.table_addr, lay.table_ext, total_table), "load the block tables (mailbox)")
+        put(mailbox_load(lay, x_words, total_table), "load x and the block tables (mailbox, one LD)")
         by_addr = {ent.address: name for name, ent in e.items()}
         scattered = False
 
@@ -154,7 +170,7 @@ class ResidentBatchRunner:
                 put(isa.scatter(moved.new + j * pool_row, lo=r, hi=r + 1, **common(j)),
                     f"scatter row {j}'s new k and v into row {r}")
 
-        for at, (ins, note) in enumerate(zip(moved.instrs, moved.notes)):
+        for at, (ins, note) in enumerate(zip(body, moved.notes)):
             o = isa.operands(ins)
             if o["op"] == isa.Op.LD and own and not scattered and (by_addr.get(o["src"]) or "")[:2] in ("kc", "vc"):
                 # the rows' new k/v go to the cache first, so that each row's gather brings its own row too;
@@ -167,7 +183,7 @@ class ResidentBatchRunner:
             if o["op"] == isa.Op.LD:
                 name = by_addr.get(o["src"])
                 if name == "x":
-                    put(isa.ld(o["dst"], lay.x_addr, o["len"]), "load x (mailbox)")
+                    pass                        # it came with the tables, first of all
                 elif name and name[:2] == "kc":
                     j = int(name[2:])
                     dst = moved.blocks[name]
@@ -194,7 +210,8 @@ class ResidentBatchRunner:
                     raise CompileError(f"batch program: unexpected store {isa.describe(ins, cfg)} ({note})")
             else:
                 put(ins, note)
-        return finish_program(P, instrs, notes, lay, cfg, "resident batch program")
+        return finish_program(P, instrs, notes, dataclasses.replace(lay, x_addr=x_ext), cfg,
+                              "resident batch program")
 
     def _run(self, code, writes, what):
         for a, w in writes.items():
@@ -245,7 +262,8 @@ class ResidentBatchRunner:
         lay = self.layout
         xs = P.graph.nodes[P.ext_map["x"].node]
         q = _quantize_row([v for i in order for v in self.m["E"][rows[i][0]]], P.scales[xs.id])
-        writes = {lay.x_addr + k: u32(v) for k, v in enumerate(q)}
+        x_ext = P.ext_map["x"].address        # x ends where the tables start
+        writes = {x_ext + k: u32(v) for k, v in enumerate(q)}
         t = lay.table_ext
         for i in order:
             for p in rows[i][1]:
