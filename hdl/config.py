@@ -321,15 +321,15 @@ _TESTBENCH_FIELDS = ("ext_words", "lat", "rom_words")
 # (docs/sm-div.md), K/V rows packed four int8 a word (docs/mm-pack-c.md), a scratchpad of four banks taking
 # four MM results a cycle (docs/spad-lanes.md), RQ and VADD two words a cycle (docs/vec-lanes.md: four lanes
 # save 25 cycles a token more but did not route on the ULX3S-85F), the broadcast array (docs/mm-bcast.md) and
-# the folded MM, twice the columns in the idle rows (docs/mm-fold.md); placed and routed on the served board
-# (docs/synthesis.md, docs/figures/fpga-fast.json).
+# the folded MM, twice the columns in the idle rows (docs/mm-fold.md) and the external port of four words
+# (docs/ext-port.md); placed and routed on the served board (docs/synthesis.md, docs/figures/fpga-fast.json).
 # Issue 13's chip is ``fast,mm_rq=0,vadd_ports=1,mm_pack=0,mm_overlap=0,rq_pipe=0,prefetch=0,sm_div=1,
-# mm_pack_c=0,spad_lanes=1,vec_lanes=1,mm_bcast=0,mm_fold=0``.
+# mm_pack_c=0,spad_lanes=1,vec_lanes=1,mm_bcast=0,mm_fold=0,ext_port=1``.
 PRESETS: dict[str, ChipConfig] = {
     "book": BOOK,
     "fast": ChipConfig(array=8, mm_load=4, gather=1, ext_words=16384, mm_rq=1, vadd_ports=2, mm_pack=1,
                        mm_overlap=1, rq_pipe=1, prefetch=1, sm_div=4, mm_pack_c=1, spad_lanes=4, vec_lanes=2,
-                       mm_bcast=1, mm_fold=1),
+                       mm_bcast=1, mm_fold=1, ext_port=4),
 }
 
 

@@ -227,7 +227,7 @@ def test_served_tokens_and_logits_do_not_move():
     in fewer DMA cycles."""
     from sim.serve import build_parser, serve
     out = {}
-    for cfg in (parse_chip("fast"), PORT4):
+    for cfg in (parse_chip("fast,ext_port=1"), PORT4):
         a = build_parser().parse_args(["--mode", "resident", "--max-batch", "8", "--sim", "reference"])
         a.chip = cfg
         res = serve(a)

@@ -69,7 +69,8 @@ __all__ = ["FormalError", "Target", "Result", "targets", "properties", "ChipEnv"
 # GATHER and SCATTER: with the walk invariant their isolation is proved by k-induction. GATHER at 12 (a job
 # of two runs fits the base case) took 256 s on a loaded 2-core machine; SCATTER took 830 s at 12 and
 # 285 s at 6 (proved at both), so it runs at 6.
-DEFAULT_DEPTH = {"chip": 14, "prefetch": 14, "sm": 54, "sm_div": 24, "gather": 12, "scatter": 6}
+DEFAULT_DEPTH = {"chip": 14, "prefetch": 14, "sm": 54, "sm_div": 24, "gather": 12, "scatter": 6, "gather_port": 12,
+                 "scatter_port": 6}
 # The targets that are a whole chip in `ChipEnv` (their memories are cut free).
 CHIP_TARGETS = ("chip", "prefetch")
 # k of the chip targets' induction (issue 24): their invariants (hdl.chip.CHIP_INVARIANTS and
@@ -127,7 +128,7 @@ BOUNDED_UNIT_PROPERTIES = _bounded_unit_properties()
 # Cover depths of the prove-mode properties where the proof's depth is too short for a trigger: a SCATTER job
 # ends after its lookups, a word and its write; the UART (25 MHz, 3 Mbaud: 8.3 cycles a bit) receives a
 # frame, framing error or byte, in about 90 cycles.
-COVER_DEPTH = {"scatter": 12, "uart": 100, "chip": DEFAULT_DEPTH["chip"], "prefetch": DEFAULT_DEPTH["prefetch"]}
+COVER_DEPTH = {"scatter": 12, "scatter_port": 12, "uart": 100, "chip": DEFAULT_DEPTH["chip"], "prefetch": DEFAULT_DEPTH["prefetch"]}
 # The chips' Asserts kept as strengthenings in their proofs (Yosys patterns of the message): each unit's
 # write_in_busy, proved on the unit's target, is the unit's half of owner_writes.
 CHIP_KEEP = ("*.write_in_busy",)
