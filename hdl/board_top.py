@@ -38,7 +38,7 @@ from amaranth.lib.wiring import In, Out, connect, flipped
 
 from .chip import GA2
 from .config import BOOK
-from .extmem import POISON
+from .extmem import POISON, ext_signature
 from .hostlink import Space
 from .link_engine import READ_LATENCY, LinkEngine, board_max_lat
 from .uart import UART, check_rate
@@ -115,14 +115,7 @@ class BoardExtMemory(wiring.Component):
             self.memory = None
             self.banks = [Memory(shape=32, depth=capacity // port, init=[]) for _ in range(port)]
         self.ring = Memory(shape=32 * port + 1, depth=self.ring_depth, init=[])
-        super().__init__({
-            "req_valid":  In(1),
-            "req_addr":   In(16),
-            "resp_valid": Out(1),
-            "resp_data":  Out(32 * port),
-            "wr_valid":   In(port),
-            "wr_addr":    In(16),
-            "wr_data":    In(32 * port),
+        super().__init__(ext_signature(port, {
             "ext_words":  In(range(capacity + 1)),
             "lat":        In(range(max_lat + 1)),
             "landed":     Out(port),
@@ -131,7 +124,7 @@ class BoardExtMemory(wiring.Component):
             "link_we":    In(1),
             "link_wdata": In(32),
             "link_rdata": Out(32),
-        })
+        }))
 
     def elaborate(self, platform):
         m = Module()
@@ -149,20 +142,7 @@ class BoardExtMemory(wiring.Component):
         stage0 = Signal(33)
         m.d.comb += stage0.eq(Cat(Mux(oob0, POISON, rd.data), valid0))
 
-        # stages 1 .. lat-1: a register for LAT 2, the ring beyond
-        stage1 = Signal(33)
-        m.d.sync += stage1.eq(stage0)
-        rbits = (self.ring_depth - 1).bit_length()
-        wptr = Signal(rbits)
-        m.d.sync += wptr.eq(wptr + 1)
-        rw = ring.write_port()
-        rr = ring.read_port(transparent_for=())
-        m.d.comb += [rw.en.eq(1), rw.addr.eq(wptr), rw.data.eq(stage0),
-                     rr.addr.eq((wptr - (self.lat - 2))[:rbits])]
-        lat1, lat2 = Signal(), Signal()
-        m.d.sync += [lat1.eq(self.lat == 1), lat2.eq(self.lat == 2)]
-        out = Signal(33)
-        m.d.comb += out.eq(Mux(lat1, stage0, Mux(lat2, stage1, rr.data)))
+        out = self._delay(m, stage0)
         m.d.comb += [self.resp_data.eq(out[:32]), self.resp_valid.eq(out[32])]
 
         wp = mem.write_port()
