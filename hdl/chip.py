@@ -619,6 +619,11 @@ class GA2(wiring.Component):
                 t["dma_in_range"], covers={"LD writes": ld_write,
                                            # longer than any proof's depth: not a claim about short LDs only
                                            "an LD of more than 256 words writes": ld_write & (length > 256)})
+        for j in range(1, self.config.ext_port):
+            # the group's other lanes (docs/ext-port.md)
+            lane_write = sp.we_x[j - 1] & (cur == Op.LD)
+            h.check("dma_in_range", ~lane_write | ((sp.waddr + j - dst)[:self.config.spad_addr_bits] < length),
+                    t["dma_in_range"])
 
         # Counters: every FETCH, ISSUE and WAIT cycle adds 1 to cyc_total, every WAIT cycle 1 to exactly
         # one of mm/dma/vec, every completed instruction 1 to n_inst (its FETCH and ISSUE are 2 cycles).

@@ -240,7 +240,7 @@ class DMA(Scoped, wiring.Component):
         m.d.comb += self.busy.eq(~fsm.ongoing("IDLE"))
         unit_protocol(m, self.scope, self.start, self.busy, self.done, Cat(src_r, dst_r, len_r))
         # for the chip's formal harness (sim.verify.formal.ChipEnv ties them to the responses in flight)
-        self._count, self._dst_r, self._len_r = count, dst_r, len_r
+        self._count, self._dst_r, self._len_r, self._groups = count, dst_r, len_r, groups
         if checking():
             self.check_completion(m, len_r)
         return m

@@ -222,7 +222,7 @@ class Result:
 IN_FLIGHT_PROPERTIES = {
     "in_flight": "every response in flight answers a request of the busy LD (GATHER) that cur names; the "
                  "engine's requests less its responses are those in flight, LD's requests stay within its "
-                 "length and its latched dst and len are the instruction register's",
+                 "length (its groups of ext_port words) and its latched dst and len are the instruction register's",
 }
 
 
@@ -252,7 +252,8 @@ class _InFlight(Elaboratable):
         ld = dut._every[Op.LD]
         count, ins = ld._count, dut._ins
         (dh, dl), (lh, ll) = HW_OPERANDS[Op.LD]["dst"], HW_OPERANDS[Op.LD]["len"]
-        h.check("in_flight", ~ld.busy | ((count.issued <= ld._len_r) & (count.recvd <= count.issued) &
+        # requests are groups of ext_port words (docs/ext-port.md): at most ceil(len / ext_port) of them
+        h.check("in_flight", ~ld.busy | ((count.issued <= ld._groups) & (count.recvd <= count.issued) &
                                          (ld._dst_r == ins[dl:dh + 1]) & (ld._len_r == ins[ll:lh + 1])), text)
         return m
 
