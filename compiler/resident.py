@@ -333,15 +333,8 @@ def compile_step(layout: ResidentLayout, graph: Graph, calib_samples, ranges, lo
                            f"of {table_len} pages of {layout.page_rows} rows (at most {layout.table_cap})")
     if new_row >= 256:
         raise CompileError(f"step program: row {new_row} does not fit the 8-bit lo/hi fields")
-    placed = {name: addr for name, (addr, _) in layout.weights.items()}
-    kv = plan_kv(graph, layout.row_words)
-    at = layout.spad_limit - kv.reserve        # the K/V rows' region, kept from the allocator
-    P = compile_graph(graph, calib_samples, ranges=ranges, ext_words=cfg.ext_words, config=cfg,
-                      placed=placed, spad_limit=at)
-    check_row_round_trip(P)
-    if weights is not None:
-        check_same_weights(weights, P, f"the step program of context {n_cached + 1}")
-    moved = interleave_kv(P, kv, at)
+    P, moved = compile_resident(layout, graph, calib_samples, ranges, layout.spad_limit, weights,
+                                f"the step program of context {n_cached + 1}")
     e = P.ext_map
     common = dict(table=layout.table_addr, table_len=table_len, page_log2=layout.page_log2,
                   row_log2=layout.pool_row_log2, pool_pages=layout.pool_pages)
@@ -382,6 +375,28 @@ def compile_step(layout: ResidentLayout, graph: Graph, calib_samples, ranges, lo
         else:
             put(ins, note)
     return finish_program(P, instrs, notes, layout, cfg, "resident step program")
+
+
+def compile_resident(layout: ResidentLayout, graph: Graph, calib_samples, ranges, limit: int,
+                     weights: dict | None = None, what: str = "") -> tuple[Program, "KVRewrite"]:
+    """What a step program and a batch program (`host.batch_resident`) both do before their own rewriting:
+    `graph` compiled with the loaded weights placed where the load program put them and the allocator kept
+    below the K/V rows' region (`plan_kv`), which ends at scratchpad word `limit`; the row round trip
+    checked, and the weights against `weights` (name -> scale, ints) when given (`what` names the program
+    in that error); then the K and V rows moved into the region (`interleave_kv`).
+
+    Returns the compiled `compiler.Program` and the `KVRewrite` of its instructions."""
+    cfg = layout.config
+    present = {n.attrs["name"] for n in graph.nodes if n.op == "weight"}
+    placed = {name: addr for name, (addr, _) in layout.weights.items() if name in present}
+    kv = plan_kv(graph, layout.row_words)
+    region = limit - kv.reserve                 # the K/V rows' region, kept from the allocator
+    P = compile_graph(graph, calib_samples, ranges=ranges, ext_words=cfg.ext_words, config=cfg,
+                      placed=placed, spad_limit=region)
+    check_row_round_trip(P)
+    if weights is not None:
+        check_same_weights(weights, P, what)
+    return P, interleave_kv(P, kv, region)
 
 
 def finish_program(P: Program, instrs: list, notes: list, layout: ResidentLayout, cfg: ChipConfig,

@@ -16,13 +16,12 @@ from __future__ import annotations
 
 import dataclasses
 
-from compiler import CompileError, compile_graph, readback
-from compiler.resident import (check_row_round_trip, check_same_weights, compile_load, compile_page_copy,
-                               finish_program, interleave_kv, mailbox_load, plan_kv, plan_layout,
-                               relocate_load)
+from compiler import CompileError, readback
+from compiler.resident import (compile_load, compile_page_copy, compile_resident, finish_program, mailbox_load,
+                               plan_layout, relocate_load)
 from hdl import isa
 from hdl.arith import argmax_first, u32
-from hdl.config import BOOK, ChipConfig
+from hdl.config import ChipConfig
 from host.batch import _dummy_sample, _model_key, build_batch_graph, universal_ranges
 from host.tiny_lm import D, V
 
@@ -123,20 +122,12 @@ class ResidentBatchRunner:
                         raise
             phases = False
         g = build_batch_graph(self.m, ctxs, own_rows=own, chip_argmax=False, phases=phases)
-        present = {n.attrs["name"] for n in g.nodes if n.op == "weight"}
-        placed = {name: addr for name, (addr, _) in lay.weights.items() if name in present}
-        kv = plan_kv(g, lay.row_words)
         # x lives right below the block-table area (one LD brings both, `compiler.resident.mailbox_load`),
         # the K/V rows' region below it: both kept from the allocator
         x_words = next(n for n in g.nodes if n.op == "input" and n.attrs["name"] == "x").size
         x_spad = lay.table_addr - x_words
-        region = x_spad - kv.reserve
-        P = compile_graph(g, [_dummy_sample(g)], ranges=self.ranges, ext_words=cfg.ext_words, config=cfg,
-                          placed=placed, spad_limit=region)
-        check_row_round_trip(P)
-        if getattr(self, "weights", None) is not None:
-            check_same_weights(self.weights, P, f"the batch program {ctxs}")
-        moved = interleave_kv(P, kv, region)
+        P, moved = compile_resident(lay, g, [_dummy_sample(g)], self.ranges, x_spad,
+                                    getattr(self, "weights", None), f"the batch program {ctxs}")
         pool_row = lay.pool_row_words
         e = P.ext_map
         x_ext = lay.x_ext(x_words)
