@@ -333,9 +333,18 @@ def compile_step(layout: ResidentLayout, graph: Graph, calib_samples, ranges, lo
                            f"of {table_len} pages of {layout.page_rows} rows (at most {layout.table_cap})")
     if new_row >= 256:
         raise CompileError(f"step program: row {new_row} does not fit the 8-bit lo/hi fields")
-    P, moved = compile_resident(layout, graph, calib_samples, ranges, layout.spad_limit, weights,
+    # x lives right below the block-table area, so that one LD brings both (`mailbox_load`, as a batch
+    # program's), the K/V rows' region below it: both kept from the allocator
+    x_words = names["x"].size
+    x_spad = layout.table_addr - x_words
+    P, moved = compile_resident(layout, graph, calib_samples, ranges, x_spad, weights,
                                 f"the step program of context {n_cached + 1}")
     e = P.ext_map
+    loads_x = [i for i, ins in enumerate(moved.instrs)
+               if isa.operands(ins)["op"] == isa.Op.LD and isa.operands(ins)["src"] == e["x"].address]
+    if len(loads_x) != 1:
+        raise CompileError(f"step program: {len(loads_x)} loads of x, not one")
+    body = relocate_load(moved.instrs, loads_x[0], x_spad, cfg)
     common = dict(table=layout.table_addr, table_len=table_len, page_log2=layout.page_log2,
                   row_log2=layout.pool_row_log2, pool_pages=layout.pool_pages)
     instrs, notes = [], []
@@ -344,14 +353,14 @@ def compile_step(layout: ResidentLayout, graph: Graph, calib_samples, ranges, lo
         instrs.append(ins)
         notes.append(note)
 
-    put(isa.ld(layout.table_addr, layout.table_ext, table_len), "load the block table (mailbox)")
-    for ins, note in zip(moved.instrs, moved.notes):
+    put(mailbox_load(layout, x_words, table_len), "load x and the block table (mailbox, one LD)")
+    for ins, note in zip(body, moved.notes):
         o = isa.operands(ins)
         op = o["op"]
         if op == isa.Op.LD:
             src = o["src"]
             if src == e["x"].address:
-                put(isa.ld(o["dst"], layout.x_addr, o["len"]), "load x (mailbox)")
+                pass                            # it came with the table, first of all
             elif "kc" in e and src == e["kc"].address:
                 put(isa.gather(moved.block, base=layout.k_base, lo=lo_rel, hi=new_row, **common),
                     f"gather kc and vc rows {lo_rel}..{new_row - 1}")

@@ -102,3 +102,21 @@ def test_relocate_load_refuses_a_partial_read_and_a_busy_destination():
     busy = [isa.ld(10, 0, 8), isa.vadd(196, 10, 10, 8), isa.halt()]
     with pytest.raises(CompileError, match="touches the words"):
         relocate_load(busy, 0, 200, FAST)
+
+
+@pytest.mark.parametrize("n, table_len", [(1, 1), (3, 1), (5, 2), (9, 3)])
+def test_a_step_program_loads_its_mailbox_with_one_ld(n, table_len):
+    """A single-row step program (`compiler.resident.compile_step`, `ga2 decode --mode resident`) of context n
+    starts with the one LD of x and its block table, x right below the table area in the scratchpad and right
+    before the table outside, and has no other LD; the decode's tokens and logits are checked against book
+    mode by tests/test_resident.py."""
+    from host.resident import ResidentChip
+    chip = ResidentChip(M, 12, None, backend=ReferenceMachine(config=FAST), config=FAST)
+    P = chip.program(n, 0, table_len)
+    lay = chip.layout
+    loads = [isa.operands(i) for i in P.instrs if isa.operands(i)["op"] == isa.Op.LD]
+    assert len(loads) == 1
+    d = T.D
+    assert (loads[0]["dst"], loads[0]["src"], loads[0]["len"]) == (lay.table_addr - d, lay.table_ext - d,
+                                                                   d + table_len)
+    assert isa.operands(P.instrs[0]) == loads[0]
