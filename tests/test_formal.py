@@ -126,6 +126,7 @@ class LongDMA(DMA):
     _count = property(lambda self: self._inner._count)
     _dst_r = property(lambda self: self._inner._dst_r)
     _len_r = property(lambda self: self._inner._len_r)
+    _groups = property(lambda self: self._inner._groups)
 
     def elaborate(self, platform):
         m = Module()
