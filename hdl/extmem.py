@@ -56,7 +56,8 @@ class ExtMemory(wiring.Component):
     delay : {None, "shift", "ring"}
         How read stages 1 .. LAT-1 are built: one shift register, or a circular buffer of LAT-1 entries
         in a Memory; both answer identically, cycle for cycle. ``None`` (the default) picks the shift
-        register up to LAT = `SHIFT_MAX_LAT` and the buffer above it.
+        register while it holds no more bits than `SHIFT_MAX_LAT` one-word stages (LAT up to 64 with one
+        word, 17 with four: docs/ext-port.md) and the buffer above it.
     config : hdl.config.ChipConfig
         The chip whose testbench memory this is (keyword only; the book's chip by default).
 

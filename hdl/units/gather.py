@@ -21,6 +21,10 @@ Timing after the start edge E0, in WAIT cycles:
   counted, as LD counts them): B = 2 * j + words_done + LAT + 1 when the memory's LAT is
   ``config.lat``, and ``error``, ``error_kind``, ``error_info`` hold the reason until the next start.
 
+With ``config.ext_port`` = P > 1 (docs/ext-port.md) a MOVE cycle requests a group of min(P, row words)
+words (never across a row) and response k is written from ``spad + k * group`` through the write lanes: the
+formulas above with the groups for the words (``hdl.isa.row_groups``).
+
 The error tail cannot be timed by responses alone (there may be none outstanding), so its length is
 ``config.lat``'s; a memory slower than that makes the unit wait for its late responses
 (``hdl.isa.resident_busy_cycles`` with ``built_lat``), a faster one answers within the tail. The harness

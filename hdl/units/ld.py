@@ -3,6 +3,9 @@
 After the start edge E0, request k is presented in cycle W(k+1); the memory answers a fixed LAT cycles
 later and the word is written to dst+k at the end of W(k+1+LAT); `done` is high in W(len+LAT+1).
 The engine trusts that exactly `len` responses arrive. Addresses wrap at aw (scratchpad) / xw (external).
+With ``config.ext_port`` = P > 1 (docs/ext-port.md) the same with groups for words: request k asks for the P
+words from src + kP, response k writes those below the length from dst + kP through the write lanes, and
+`done` is high in W(ceil(len/P)+LAT+1).
 """
 from amaranth.hdl import Cat, Module, Signal
 from amaranth.lib import wiring
@@ -138,8 +141,9 @@ class DMA(Scoped, wiring.Component):
         src + number of requests already issued, wrapping at xw bits.
     resp_valid : In(1)
         Response word present (LAT cycles after its request).
-    resp_data : In(config.word_bits)
-    spad : Out(SpadPort(aw, config.word_bits))
+    resp_data : In(config.word_bits * config.ext_port)
+        The response's words, word k in bits 32k .. 32k + 31 (one word on the book's chip).
+    spad : Out(SpadPort(aw, config.word_bits, lanes=config.ext_port))
         The scratchpad port, write side only (``raddr`` stays 0, ``rdata`` is not used): ``we`` equals
         resp_valid, ``waddr`` is dst + number of responses already received, wrapping at aw bits, and
         ``wdata`` is resp_data passed through.
