@@ -131,7 +131,7 @@ class BoardExtMemory(wiring.Component):
         if self.port > 1:
             return self._elaborate_banks(m)
         m.submodules.memory = mem = self.memory
-        m.submodules.ring = ring = self.ring
+        m.submodules.ring = self.ring
         aw = max(1, (self.capacity - 1).bit_length())
 
         rd = mem.read_port(transparent_for=())

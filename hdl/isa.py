@@ -13,7 +13,7 @@ What each opcode means by its fields is in :data:`OPERANDS`; the bits the hardwa
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, fields as dc_fields
+from dataclasses import dataclass
 
 from hdl.config import BOOK, ChipConfig
 

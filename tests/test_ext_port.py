@@ -12,7 +12,6 @@ from hdl import isa
 from hdl.board_top import BoardExtMemory
 from hdl.config import BOOK, parse_chip
 from hdl.extmem import POISON, ExtMemory
-from hdl.isa import Op
 from sim.backends import first_difference
 from sim.backends.reference import ReferenceMachine
 
