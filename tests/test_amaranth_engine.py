@@ -359,6 +359,7 @@ class _Shared(wiring.Component):
 
 def test_values_computed_once_same_as_stock_engine(monkeypatch):
     from sim.backends import amaranth_engine
+    monkeypatch.setenv("GA2_PYSIM_CACHE", "off")         # the rewriter must run, not a cached result
     rewritten = []
     hoist = amaranth_engine._hoist_reads
     monkeypatch.setattr(amaranth_engine, "_hoist_reads", lambda source: rewritten.append(hoist(source)) or
@@ -411,6 +412,7 @@ class _Lanes(wiring.Component):
 
 def test_matches_on_one_value_joined_same_as_stock_engine(monkeypatch):
     from sim.backends import amaranth_engine
+    monkeypatch.setenv("GA2_PYSIM_CACHE", "off")         # the rewriter must run, not a cached result
     joined = []
     merge = amaranth_engine._merge_matches
     monkeypatch.setattr(amaranth_engine, "_merge_matches",

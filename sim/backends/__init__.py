@@ -9,17 +9,26 @@ and every LAT in 1..MAX_LAT; `first_difference` is the one comparison.
 from __future__ import annotations
 
 import operator
+import os
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from hdl.isa import ErrorKind as _ErrorKind
 
 __all__ = ["RunResult", "ErrorStop", "TraceEntry", "SimError", "DidNotHalt", "AssertionFailed", "BackendUnavailable",
            "BadInput", "Backend", "BACKENDS", "get_backend", "MAX_CYCLES", "MAX_LAT", "first_difference",
-           "program_words", "image_words", "scratchpad_words", "check_lat", "check_max_cycles"]
+           "program_words", "image_words", "scratchpad_words", "check_lat", "check_max_cycles", "build_base"]
 
 MAX_CYCLES = 100_000        # the book's testbench gives up after this many cycles
 MAX_LAT = 1024              # longest external read latency a backend accepts
 _W = 0xFFFFFFFF
+
+
+def build_base() -> Path:
+    """The directory the simulators cache what they build in (Verilator models, the pysim engine's compiled
+    code): ``$GA2_BUILD_DIR``, else ``build/`` at the repository's root."""
+    env = os.environ.get("GA2_BUILD_DIR")
+    return Path(env) if env else Path(__file__).resolve().parents[2] / "build"
 
 
 @dataclass

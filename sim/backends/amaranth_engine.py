@@ -51,6 +51,12 @@ import ast
 import builtins
 import re
 import threading
+from pathlib import Path
+
+from sim.backends.code_cache import CodeCache, default_cache_dir
+
+# what the code the engine compiles depends on besides the generated source: this module (the rewriter)
+_ENGINE_SOURCE = Path(__file__).read_bytes()
 
 # SkipIdleEngine swaps a module-level name of pysim while it builds: one build at a time (the server builds a
 # simulator per chip, possibly on several threads)
@@ -58,7 +64,7 @@ _BUILD_LOCK = threading.Lock()
 
 try:
     from amaranth.hdl import Cat, Const, Fragment, Signal, Value
-    from amaranth.hdl._ast import Assign, Operator, Print, Property, SignalDict, SignalSet, Slice, Switch, _StatementList
+    from amaranth.hdl._ast import Assign, Operator, Print, Property, SignalDict, SignalSet, Slice, Switch
     from amaranth.hdl._mem import MemoryInstance
     from amaranth.sim import pysim as _pysim
     from amaranth.sim import _pyrtl
@@ -687,10 +693,18 @@ if _AVAILABLE:
                 return compiler["made"]
 
             _split(design.fragment, self.split_clocked)
+            # the rewritten code of a source compiled before is read back from disk (sim.backends.code_cache)
+            self.code_cache = cache = CodeCache(default_cache_dir(), _ENGINE_SOURCE)
+
+            def compile_cached(source, filename, mode, *args, **kwargs):
+                if args or kwargs:
+                    return _compile_inlined(source, filename, mode, *args, **kwargs)
+                return cache.compile(_compile_inlined, source, filename, mode)
+
             with _BUILD_LOCK:                    # simulators built on several threads (the server's chips)
                 _pysim._FragmentCompiler = recording
                 # the code pysim generates goes through _compile_inlined (pysim's module calls `compile`)
-                _pyrtl.compile = _compile_inlined
+                _pyrtl.compile = compile_cached
                 try:
                     super().__init__(design)
                 finally:

@@ -41,7 +41,7 @@ from hdl.config import BOOK, ChipConfig
 from hdl.properties import checks
 from sim.backends import (MAX_CYCLES, AssertionFailed, Backend, BackendUnavailable, BadInput, DidNotHalt, ErrorStop,
                          RunResult, SimError, check_lat, check_max_cycles, image_words, program_words,
-                         scratchpad_words)
+                         build_base, scratchpad_words)
 
 __all__ = ["VerilatorBackend", "default_build_root", "verilator_command", "verilator_flags", "assertion_failures"]
 
@@ -153,9 +153,7 @@ os.replace(tmp, out)
 
 def default_build_root() -> Path:
     """Where built models are cached: ``$GA2_BUILD_DIR/verilator`` or ``<repo>/build/verilator``."""
-    env = os.environ.get("GA2_BUILD_DIR")
-    base = Path(env) if env else Path(__file__).resolve().parents[2] / "build"
-    return base / "verilator"
+    return build_base() / "verilator"
 
 
 def verilator_command() -> str | None:
