@@ -11,7 +11,7 @@ RunResult on both engines and on the reference machine.
 import random
 
 import pytest
-from amaranth.hdl import Assert, Cat, Module, signed
+from amaranth.hdl import Assert, Cat, Module, Signal, signed
 from amaranth.lib import wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
@@ -475,3 +475,51 @@ def run(same_1_):
     exec(compile(ast.parse(source), "<plain>", "exec"), plain)
     for value in range(3):
         assert joined["run"](value) == plain["run"](value)
+
+
+def test_ranks_share_a_loop_and_follow_the_longest_path():
+    from sim.backends.amaranth_engine import _ranks
+    after = {"a": {"b", "d"}, "b": {"c"}, "c": {"b", "d"}, "d": set(), "e": set(), "f": {"f", "g"}, "g": set()}
+    assert _ranks(list(after), after) == {"a": 0, "b": 1, "c": 1, "d": 2, "e": 0, "f": 0, "g": 1}
+    chain = {k: {k + 1} for k in range(3000)} | {3000: set()}      # deep: no recursion limit
+    assert _ranks(list(chain)[::-1], chain)[3000] == 3000
+
+
+class _Loop(wiring.Component):
+    """A loop of processes that is not a loop of signals: `front` drives x from `a` and, in the same Assign, z
+    from `back`'s y, while `back` drives y from x; `w` is computed after the loop."""
+    a: In(8)
+    z: Out(8)
+    w: Out(8)
+
+    def elaborate(self, platform):
+        m = Module()
+        x, y = Signal(8), Signal(8)
+        m.submodules.front = front = Module()
+        m.submodules.back = back = Module()
+        front.d.comb += Cat(x, self.z).eq(Cat(self.a + 1, y ^ 0x5A))
+        back.d.comb += y.eq(x * 3)
+        m.d.comb += self.w.eq(self.z + x)
+        return m
+
+
+def test_loop_of_processes_settles_as_on_stock_engine():
+    traces, engines = [], []
+    for engine in ("pysim", SkipIdleEngine):
+        dut = _Loop()
+        sim = Simulator(dut, engine=engine)
+        out = []
+
+        async def bench(ctx, dut=dut, out=out):
+            rng = random.Random(23)
+            for _ in range(100):
+                ctx.set(dut.a, rng.randrange(256))
+                out.append((ctx.get(dut.z), ctx.get(dut.w)))
+        sim.add_testbench(bench)
+        sim.run()
+        traces.append(out)
+        engines.append(sim._engine)
+    assert traces[0] == traces[1]
+    assert len(set(traces[0])) > 50
+    ranks = sorted(engines[1]._ranks.values())
+    assert ranks == [0, 0, 1], ranks          # front and back share a rank, w's process comes after

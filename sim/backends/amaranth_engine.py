@@ -88,6 +88,7 @@ if _AVAILABLE:
         def __init__(self, state):
             super().__init__(state)
             self.clocked = []            # (process, fragment, domain name)
+            self.comb = []               # (process, fragment): a fragment's own combinational process
             self._made = []              # the processes made under each fragment being compiled
 
         def __call__(self, fragment):
@@ -96,6 +97,7 @@ if _AVAILABLE:
             below = self._made.pop()
             if self._made:
                 self._made[-1].update(processes)
+            self.comb.extend((p, fragment) for p in processes if p not in below and p.is_comb)
             own = [p for p in processes if p not in below and not p.is_comb]
             domains = {name for name in fragment.statements if name != "comb"}
             if isinstance(fragment, MemoryInstance):
@@ -330,14 +332,16 @@ if _AVAILABLE:
         else:
             yield stmt
 
-    def _direct_waker(waker, rtl, queue):
-        """pysim's `waker` itself, or, if it only raises the flag of a compiled process of `rtl` (the wakers
-        of ``comb_waker`` and ``memory_waker`` in ``amaranth.sim._pyrtl``), one that puts it in `queue`."""
+    def _direct_waker(waker, home):
+        """pysim's `waker` itself, or, if it only raises the flag of a compiled process (a key of `home`: the
+        wakers of ``comb_waker`` and ``memory_waker`` in ``amaranth.sim._pyrtl``), one that puts it in its
+        set ``home[process]``."""
         name = getattr(waker, "__qualname__", "")
         cells = [cell.cell_contents for cell in getattr(waker, "__closure__", None) or ()]
-        if len(cells) != 1 or cells[0] not in rtl:
+        if len(cells) != 1 or cells[0] not in home:
             return waker
-        process, add = cells[0], queue.add
+        process = cells[0]
+        add = home[process].add
         if name == "comb_waker.<locals>.waker":
             def on_signal(curr, next):
                 add(process)
@@ -649,25 +653,73 @@ if _AVAILABLE:
                 function.body[:] = _merge_matches(function.body)
         return builtins.compile(tree, filename, mode, *args, **kwargs)
 
-    def _merged_waker(queue, procs, stales):
-        """One waker that puts `procs` in `queue` and, for each (stale set, processes) of `stales`, the processes
-        in the set: what the wakers it replaces did one by one."""
-        procs = frozenset(procs)
-        marks = [(stale.update, frozenset(processes)) for stale, processes in stales]
-        queue_all = queue.update
-        if not marks:
-            def merged(curr, next):
-                queue_all(procs)
-                return True
-        elif not procs and len(marks) == 1:
+    def _ranks(nodes, after):
+        """{node: rank} over the graph whose edges are ``after[node]`` (the nodes that read what it drives):
+        the nodes of one strongly connected component share a rank, one above the highest of the components
+        with an edge into it (0 for none). Tarjan's algorithm, without recursion; it finds the components
+        sinks first."""
+        index, low, on_stack, stack, found = {}, {}, set(), [], []
+        for root in nodes:
+            if root in index:
+                continue
+            work = [(root, iter(after[root]))]
+            index[root] = low[root] = len(index)
+            stack.append(root)
+            on_stack.add(root)
+            while work:
+                node, edges = work[-1]
+                for succ in edges:
+                    if succ not in index:
+                        index[succ] = low[succ] = len(index)
+                        stack.append(succ)
+                        on_stack.add(succ)
+                        work.append((succ, iter(after[succ])))
+                        break
+                    if succ in on_stack:
+                        low[node] = min(low[node], index[succ])
+                else:
+                    work.pop()
+                    if work:
+                        parent = work[-1][0]
+                        low[parent] = min(low[parent], low[node])
+                    if low[node] == index[node]:
+                        members = []
+                        while True:
+                            member = stack.pop()
+                            on_stack.discard(member)
+                            members.append(member)
+                            if member is node:
+                                break
+                        found.append(members)
+        component = {node: k for k, members in enumerate(found) for node in members}
+        rank_of = [0] * len(found)
+        for k in reversed(range(len(found))):             # sources first
+            for node in found[k]:
+                for succ in after[node]:
+                    j = component[succ]
+                    if j != k and rank_of[j] < rank_of[k] + 1:
+                        rank_of[j] = rank_of[k] + 1
+        return {node: rank_of[component[node]] for node in nodes}
+
+    def _merged_waker(marks):
+        """One waker that, for each (set, processes) of `marks`, puts the processes in the set (a rank's
+        bucket of combinational processes, a clock's stale set): what the wakers it replaces did one by one."""
+        marks = [(target.update, frozenset(processes)) for target, processes in marks]
+        if len(marks) == 1:
             ((mark, processes),) = marks
 
             def merged(curr, next):
                 mark(processes)
                 return True
+        elif len(marks) == 2:
+            (mark, processes), (mark2, processes2) = marks
+
+            def merged(curr, next):
+                mark(processes)
+                mark2(processes2)
+                return True
         else:
             def merged(curr, next):
-                queue_all(procs)
                 for mark, processes in marks:
                     mark(processes)
                 return True
@@ -723,7 +775,7 @@ if _AVAILABLE:
                     if all(isinstance(port._addr, Signal) and isinstance(port._data, Signal)
                            for port in fragment._write_ports):
                         process.run = self._writer(fragment)
-            self._take_rtl_processes()
+            self._take_rtl_processes(compiler["made"].comb)
 
         def _guard(self, process, domain, signals, memory):
             """Run `process` (clocked in `domain`) at an active edge only if it is stale: an input changed, a
@@ -826,26 +878,32 @@ if _AVAILABLE:
                 clk.add_waker(on_edge)
             return self._stale_sets[key]
 
-        def _take_rtl_processes(self):
+        def _take_rtl_processes(self, comb):
             # pysim's delta cycle looks at every process's `runnable` flag (and `advance` at every one's
             # `critical`), hundreds of them once the logic is cut (`_split`), to run the few that are
-            # set. The compiled processes are taken out of its list: their flag, raised by pysim's wakers or a
-            # reset, puts them in a queue that the delta cycle takes whole; the clock and coroutine processes
-            # stay in the list. The processes of one delta cycle read only current values and write only
-            # next ones, so their order is free (pysim's own is that of a set too).
+            # set. The compiled processes are taken out of its list: raising the flag of a clocked one puts
+            # it in a queue that the next delta cycle takes whole, that of a combinational one puts it in the
+            # bucket of its rank (`_rank_comb`), which `_settle` empties rank by rank; the clock and coroutine
+            # processes stay in the list. The processes of one batch read only current values and write only
+            # next ones, so their order within it is free (pysim's own is that of a set too).
             queue = self._queue
             flag = PyRTLProcess.runnable         # the slot the base class keeps the flag in
+            self._rtl = [p for p in self._processes if type(p) is PyRTLProcess]
+            home = self._home = {p: queue for p in self._rtl if not p.is_comb}
+            self._buckets = self._rank_comb([p for p, _ in comb if type(p) is PyRTLProcess], comb)
+            home.update((p, self._buckets[rank]) for p, rank in self._ranks.items())
+            for p in self._rtl:
+                home.setdefault(p, queue)        # a comb process _rank_comb did not see: the queue, as before
 
             def set_runnable(process, value):
                 if value:
-                    queue.add(process)
+                    home[process].add(process)
                 else:
-                    queue.discard(process)
+                    home[process].discard(process)
 
-            # the flag is now "in the queue" (the slot is no longer used)
+            # the flag is now "in its set" (the slot is no longer used)
             queued = type("QueuedRTLProcess", (PyRTLProcess,),
-                          {"__slots__": (), "runnable": property(queue.__contains__, set_runnable)})
-            self._rtl = [p for p in self._processes if type(p) is PyRTLProcess]
+                          {"__slots__": (), "runnable": property(lambda p: p in home[p], set_runnable)})
             for process in self._rtl:
                 runnable = flag.__get__(process)
                 process.__class__ = queued
@@ -853,37 +911,115 @@ if _AVAILABLE:
             # a new set: one emptied by discards keeps its table, and iterating it walks every slot
             self._processes = {p for p in self._processes if type(p) is not queued}
             # pysim's wakers of a compiled combinational process (on its inputs, on a memory it reads) raise
-            # the flag through the property above; the same in one call: queue it
-            rtl = set(self._rtl)
+            # the flag through the property above; the same in one call: put it in its bucket
             for slot in self._state.slots:
-                slot.wakers[:] = [_direct_waker(waker, rtl, queue) for waker in slot.wakers]
+                slot.wakers[:] = [_direct_waker(waker, home) for waker in slot.wakers]
             self._merge_wakers()
+
+        def _rank_comb(self, processes, comb):
+            """The buckets of the combinational `processes` (of `comb`'s (process, fragment) pairs), one set per
+            rank, and ``self._ranks`` (process -> rank): a process's rank is above those of the processes
+            whose outputs it reads, so that running the ranks in order runs each once as the logic settles
+            (pysim's delta cycles ran a process again whenever one more of its inputs settled, and ran
+            every process woken in a delta cycle, the ones whose inputs were still to change included).
+            The processes of a loop (each reads what the next drives, as two units' handshake logic may) share
+            a rank; the ranks only order the work, `_settle` runs every woken process whatever they are."""
+            state = self._state
+            readers = {}                          # slot index -> the comb processes it wakes
+            wanted = set(processes)
+            for index, slot in enumerate(state.slots):
+                for waker in slot.wakers:
+                    cells = [c.cell_contents for c in getattr(waker, "__closure__", None) or ()]
+                    if (getattr(waker, "__qualname__", "") == "comb_waker.<locals>.waker" and len(cells) == 1
+                            and cells[0] in wanted):
+                        readers.setdefault(index, set()).add(cells[0])
+            after = {p: set() for p in processes}  # process -> the processes that read what it drives
+            for process, fragment in comb:
+                if process not in wanted:
+                    continue
+                driven = SignalSet()
+                for stmt in fragment.statements.get("comb", ()):
+                    driven |= stmt._lhs_signals()
+                if isinstance(fragment, MemoryInstance):
+                    for port in fragment._read_ports:
+                        if port._domain == "comb":
+                            driven |= port._data._lhs_signals()
+                for signal in driven:
+                    after[process] |= readers.get(state.get_signal(signal), set())
+            ranks = _ranks(processes, after)
+            rank = max(ranks.values(), default=0)
+            self._ranks = ranks
+            return [set() for _ in range(rank + 1)]
 
         def _merge_wakers(self):
             # a signal read by many processes had a waker for each (one call per process at every change,
-            # a few hundred changes a cycle): the ones that queue a combinational process or mark a clocked
-            # one stale become one waker that adds them all at once. They only add to sets, so their order
-            # among the signal's other wakers is free.
-            queue = self._queue
+            # a few hundred changes a cycle): the ones that put a combinational process in its bucket or
+            # mark a clocked one stale become one waker that adds them all at once. They only add to sets,
+            # so their order among the signal's other wakers is free.
+            home = self._home
             for slot in self._state.slots:
                 if not isinstance(slot, _pysim._PySignalState):
                     continue
-                procs, stales, others = set(), {}, []
+                marks, others, count = {}, [], 0
                 for waker in slot.wakers:
                     if hasattr(waker, "queues"):
-                        procs.add(waker.queues)
+                        target, process = home[waker.queues], waker.queues
                     elif hasattr(waker, "stales"):
-                        stale, process = waker.stales
-                        stales.setdefault(id(stale), (stale, set()))[1].add(process)
+                        target, process = waker.stales
                     else:
                         others.append(waker)
-                if len(procs) + sum(len(ps) for _, ps in stales.values()) < 2:
+                        continue
+                    marks.setdefault(id(target), (target, set()))[1].add(process)
+                    count += 1
+                if count < 2:
                     continue
-                slot.wakers[:] = [_merged_waker(queue, procs, list(stales.values()))] + others
+                slot.wakers[:] = [_merged_waker(list(marks.values()))] + others
+
+        def _commit(self):
+            """pysim's state.commit() (no waveform: nothing recorded), its signals' commit and _run_wakers
+            inlined (a few hundred signals change a cycle); whether anything changed."""
+            pending, signal_state, changed = self._state.pending, _pysim._PySignalState, False
+            for slot in pending:
+                if type(slot) is signal_state:
+                    curr, next = slot.curr, slot.next
+                    if curr != next:
+                        wakers = slot.wakers
+                        kept = 0
+                        for waker in wakers:
+                            if waker(curr, next):
+                                wakers[kept] = waker
+                                kept += 1
+                        del wakers[kept:]
+                        slot.curr = next
+                        changed = True
+                elif slot.commit():
+                    changed = True
+            pending.clear()
+            return changed
+
+        def _settle(self):
+            """Run the woken combinational processes rank by rank, committing after each rank, until none is
+            left; whether any ran. A process woken at a rank already passed (a loop of processes) is taken
+            on the next sweep."""
+            commit, ran = self._commit, False
+            buckets = self._buckets
+            while True:
+                swept = False
+                for bucket in buckets:
+                    if bucket:
+                        batch = list(bucket)
+                        bucket.clear()
+                        for process in batch:
+                            process.run()
+                        commit()
+                        swept = True
+                if not swept:
+                    return ran
+                ran = True
 
         def step_design(self):
-            queue, others, triggers = self._queue, self._processes, self._active_triggers
-            edges, pending, signal_state = self._edges, self._state.pending, _pysim._PySignalState
+            queue, others, triggers, edges = self._queue, self._processes, self._active_triggers, self._edges
+            commit, settle = self._commit, self._settle
             converged = False
             while not converged:
                 for trigger_state in triggers:
@@ -893,29 +1029,14 @@ if _AVAILABLE:
                     if process.runnable:
                         process.runnable = False
                         process.run()
+                # the clocked processes of the last edge, all together: each reads the values from before it
                 batch = list(queue)
                 queue.clear()
                 for process in batch:
                     process.run()
-                # pysim's state.commit() (no waveform: nothing recorded), its signals' commit and
-                # _run_wakers inlined: a few hundred signals change a cycle
-                converged = True
-                for slot in pending:
-                    if type(slot) is signal_state:
-                        curr, next = slot.curr, slot.next
-                        if curr != next:
-                            wakers = slot.wakers
-                            kept = 0
-                            for waker in wakers:
-                                if waker(curr, next):
-                                    wakers[kept] = waker
-                                    kept += 1
-                            del wakers[kept:]
-                            slot.curr = next
-                            converged = False
-                    elif slot.commit():
-                        converged = False
-                pending.clear()
+                converged = not commit()
+                if settle():
+                    converged = False
                 if edges:
                     for stale in edges:
                         queue.update(stale)              # what raising each one's runnable flag does
@@ -923,7 +1044,6 @@ if _AVAILABLE:
                     edges.clear()
                     converged = False
                 self._delta_cycles += 1
-
         def write_rows(self, ctx, pairs):
             """Write each (``MemoryData`` row, word) of `pairs` as ``ctx.set`` would, then settle the design
             once (``ctx.set`` settles it after every word). For a testbench, between its awaits."""
