@@ -701,6 +701,20 @@ if _AVAILABLE:
                         rank_of[j] = rank_of[k] + 1
         return {node: rank_of[component[node]] for node in nodes}
 
+    _MEMORY_STATE_CLASSES = {}
+
+    def _memory_state_class(depth):
+        """pysim's memory state with a `read` that compares the address with the depth it was made for, not
+        with ``range(memory.depth)`` built anew at every read (a property and a range: about 30 reads a
+        cycle on the fast chip). The same words: an address past the depth reads 0."""
+        cls = _MEMORY_STATE_CLASSES.get(depth)
+        if cls is None:
+            def read(self, addr):
+                return self.data[addr] if 0 <= addr < depth else 0
+            cls = _MEMORY_STATE_CLASSES[depth] = type(f"MemoryState{depth}", (_pysim._PyMemoryState,),
+                                                      {"__slots__": (), "read": read})
+        return cls
+
     def _merged_waker(marks):
         """One waker that, for each (set, processes) of `marks`, puts the processes in the set (a rank's
         bucket of combinational processes, a clock's stale set): what the wakers it replaces did one by one."""
@@ -776,6 +790,9 @@ if _AVAILABLE:
                            for port in fragment._write_ports):
                         process.run = self._writer(fragment)
             self._take_rtl_processes(compiler["made"].comb)
+            for slot in self._state.slots:
+                if type(slot) is _pysim._PyMemoryState:
+                    slot.__class__ = _memory_state_class(slot.memory.depth)
 
         def _guard(self, process, domain, signals, memory):
             """Run `process` (clocked in `domain`) at an active edge only if it is stale: an input changed, a
@@ -977,7 +994,8 @@ if _AVAILABLE:
 
         def _commit(self):
             """pysim's state.commit() (no waveform: nothing recorded), its signals' commit and _run_wakers
-            inlined (a few hundred signals change a cycle); whether anything changed."""
+            inlined (a few hundred signals change a cycle); whether anything changed. (`_settle` has the same
+            loop written in, for the time of a call at every rank.)"""
             pending, signal_state, changed = self._state.pending, _pysim._PySignalState, False
             for slot in pending:
                 if type(slot) is signal_state:
@@ -998,21 +1016,36 @@ if _AVAILABLE:
             return changed
 
         def _settle(self):
-            """Run the woken combinational processes rank by rank, committing after each rank, until none is
-            left; whether any ran. A process woken at a rank already passed (a loop of processes) is taken
-            on the next sweep."""
-            commit, ran = self._commit, False
-            buckets = self._buckets
+            """Run the woken combinational processes rank by rank, committing after each rank (`_commit`'s
+            loop), until none is left; whether any ran. A process woken at a rank already passed (a loop of
+            processes) is taken on the next sweep."""
+            buckets, pending, signal_state = self._buckets, self._state.pending, _pysim._PySignalState
+            ran = False
             while True:
                 swept = False
                 for bucket in buckets:
-                    if bucket:
-                        batch = list(bucket)
-                        bucket.clear()
-                        for process in batch:
-                            process.run()
-                        commit()
-                        swept = True
+                    if not bucket:
+                        continue
+                    batch = list(bucket)
+                    bucket.clear()
+                    for process in batch:
+                        process.run()
+                    for slot in pending:
+                        if type(slot) is signal_state:
+                            curr, next = slot.curr, slot.next
+                            if curr != next:
+                                wakers = slot.wakers
+                                kept = 0
+                                for waker in wakers:
+                                    if waker(curr, next):
+                                        wakers[kept] = waker
+                                        kept += 1
+                                del wakers[kept:]
+                                slot.curr = next
+                        else:
+                            slot.commit()
+                    pending.clear()
+                    swept = True
                 if not swept:
                     return ran
                 ran = True
