@@ -715,30 +715,6 @@ if _AVAILABLE:
                                                       {"__slots__": (), "read": read})
         return cls
 
-    def _merged_waker(marks):
-        """One waker that, for each (set, processes) of `marks`, puts the processes in the set (a rank's
-        bucket of combinational processes, a clock's stale set): what the wakers it replaces did one by one."""
-        marks = [(target.update, frozenset(processes)) for target, processes in marks]
-        if len(marks) == 1:
-            ((mark, processes),) = marks
-
-            def merged(curr, next):
-                mark(processes)
-                return True
-        elif len(marks) == 2:
-            (mark, processes), (mark2, processes2) = marks
-
-            def merged(curr, next):
-                mark(processes)
-                mark2(processes2)
-                return True
-        else:
-            def merged(curr, next):
-                for mark, processes in marks:
-                    mark(processes)
-                return True
-        return merged
-
     class SkipIdleEngine(_pysim.PySimEngine):
         """``PySimEngine`` whose clocked processes run at an edge only when one of their inputs has changed
         since their last run, whose processes are cut by `_split`, and whose delta cycle
@@ -970,14 +946,16 @@ if _AVAILABLE:
 
         def _merge_wakers(self):
             # a signal read by many processes had a waker for each (one call per process at every change,
-            # a few hundred changes a cycle): the ones that put a combinational process in its bucket or
-            # mark a clocked one stale become one waker that adds them all at once. They only add to sets,
-            # so their order among the signal's other wakers is free.
-            home = self._home
+            # a few hundred changes a cycle, each call returning True to be kept): the ones that put a
+            # combinational process in its bucket or mark a clocked one stale become the signal's *marks*,
+            # (a set's add or update, its argument) pairs that the commit applies itself without calling a
+            # waker; the signal keeps its other wakers (a clock edge's, a testbench's triggers). They only add
+            # to sets, so their order among the signal's other wakers is free.
+            home, self._marks = self._home, {}
             for slot in self._state.slots:
                 if not isinstance(slot, _pysim._PySignalState):
                     continue
-                marks, others, count = {}, [], 0
+                targets, others = {}, []
                 for waker in slot.wakers:
                     if hasattr(waker, "queues"):
                         target, process = home[waker.queues], waker.queues
@@ -986,28 +964,35 @@ if _AVAILABLE:
                     else:
                         others.append(waker)
                         continue
-                    marks.setdefault(id(target), (target, set()))[1].add(process)
-                    count += 1
-                if count < 2:
-                    continue
-                slot.wakers[:] = [_merged_waker(list(marks.values()))] + others
+                    targets.setdefault(id(target), (target, set()))[1].add(process)
+                if targets:
+                    self._marks[slot] = tuple((target.add, next(iter(processes))) if len(processes) == 1 else
+                                              (target.update, frozenset(processes))
+                                              for target, processes in targets.values())
+                    slot.wakers[:] = others
 
         def _commit(self):
             """pysim's state.commit() (no waveform: nothing recorded), its signals' commit and _run_wakers
             inlined (a few hundred signals change a cycle); whether anything changed. (`_settle` has the same
             loop written in, for the time of a call at every rank.)"""
             pending, signal_state, changed = self._state.pending, _pysim._PySignalState, False
+            marks_of = self._marks.get
             for slot in pending:
                 if type(slot) is signal_state:
                     curr, next = slot.curr, slot.next
                     if curr != next:
+                        marks = marks_of(slot)
+                        if marks is not None:
+                            for mark, what in marks:
+                                mark(what)
                         wakers = slot.wakers
-                        kept = 0
-                        for waker in wakers:
-                            if waker(curr, next):
-                                wakers[kept] = waker
-                                kept += 1
-                        del wakers[kept:]
+                        if wakers:
+                            kept = 0
+                            for waker in wakers:
+                                if waker(curr, next):
+                                    wakers[kept] = waker
+                                    kept += 1
+                            del wakers[kept:]
                         slot.curr = next
                         changed = True
                 elif slot.commit():
@@ -1020,7 +1005,7 @@ if _AVAILABLE:
             loop), until none is left; whether any ran. A process woken at a rank already passed (a loop of
             processes) is taken on the next sweep."""
             buckets, pending, signal_state = self._buckets, self._state.pending, _pysim._PySignalState
-            ran = False
+            marks_of, ran = self._marks.get, False
             while True:
                 swept = False
                 for bucket in buckets:
@@ -1034,13 +1019,18 @@ if _AVAILABLE:
                         if type(slot) is signal_state:
                             curr, next = slot.curr, slot.next
                             if curr != next:
+                                marks = marks_of(slot)
+                                if marks is not None:
+                                    for mark, what in marks:
+                                        mark(what)
                                 wakers = slot.wakers
-                                kept = 0
-                                for waker in wakers:
-                                    if waker(curr, next):
-                                        wakers[kept] = waker
-                                        kept += 1
-                                del wakers[kept:]
+                                if wakers:
+                                    kept = 0
+                                    for waker in wakers:
+                                        if waker(curr, next):
+                                            wakers[kept] = waker
+                                            kept += 1
+                                    del wakers[kept:]
                                 slot.curr = next
                         else:
                             slot.commit()
