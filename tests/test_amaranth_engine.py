@@ -127,8 +127,9 @@ def _run_both(config, seeds, monkeypatch):
         program, image = random_program(random.Random(seed), config.ext_words, config=config)
         want = ref.run(program, image, 8)
         results = {}
-        for name, engine in (("stock", "pysim"), ("skip", SkipIdleEngine)):
-            monkeypatch.setattr(amaranth_backend, "engine_class", lambda vcd=False, e=engine: e)
+        # the backend's own choice of engine (SkipIdleEngine with its wires inlined) against the stock one
+        for name, engine in (("stock", lambda vcd=False, keep=None: "pysim"), ("skip", engine_class)):
+            monkeypatch.setattr(amaranth_backend, "engine_class", engine)
             results[name] = amaranth_backend.AmaranthBackend(config=config).run(program, image, 8)
         for name, got in results.items():
             diff = first_difference(want, got)
@@ -523,3 +524,91 @@ def test_loop_of_processes_settles_as_on_stock_engine():
     assert len(set(traces[0])) > 50
     ranks = sorted(engines[1]._ranks.values())
     assert ranks == [0, 0, 1], ranks          # front and back share a rank, w's process comes after
+
+
+class _Wires(wiring.Component):
+    """Wires `_inline_wires` takes out: a copy, a slice, a wire of a wire, a narrower and a wider wire, a
+    signed wire of an unsigned slice; read by combinational logic, by a register, by a memory port's
+    address and by an Assert. `done` is a wire of the register that a testbench may await (kept then)."""
+    a: In(12)
+    b: In(signed(6))
+    we: In(1)
+    mixed: Out(16)
+    reg: Out(12)
+    rdata: Out(8)
+    done: Out(1)
+
+    def elaborate(self, platform):
+        m = Module()
+        copy, high, low2 = Signal(12), Signal(5), Signal(3)
+        narrow, wide, sgn = Signal(4), Signal(20), Signal(signed(4))
+        m.d.comb += [copy.eq(self.a), high.eq(copy[7:]), low2.eq(high[:3]), narrow.eq(self.a),
+                     wide.eq(self.b), sgn.eq(self.a[2:6]), self.done.eq(self.reg[0])]
+        m.d.comb += self.mixed.eq(low2 * 100 + narrow + wide + sgn)
+        m.d.sync += self.reg.eq(copy + high)
+        m.submodules.mem = mem = Memory(shape=8, depth=16, init=[])
+        wr, rd = mem.write_port(), mem.read_port()
+        m.d.comb += [wr.addr.eq(narrow), wr.data.eq(self.a), wr.en.eq(self.we), rd.addr.eq(high),
+                     self.rdata.eq(rd.data)]
+        m.d.sync += Assert(sgn != -8, "the signed wire held -8")
+        return m
+
+
+def test_wires_inlined_give_the_stock_engines_values():
+    from sim.backends.amaranth_engine import engine_class
+    traces, engines = [], []
+    for engine in ("pysim", engine_class(keep=())):
+        dut = _Wires()
+        sim = Simulator(dut, engine=engine)
+        sim.add_clock(1e-6)
+        out = []
+
+        async def bench(ctx, dut=dut, out=out):
+            rng = random.Random(29)
+            for _ in range(150):
+                a = rng.randrange(1 << 12)
+                ctx.set(dut.a, a if (a >> 2) & 15 != 8 else a ^ 4)      # never -8 in sgn: see the Assert
+                ctx.set(dut.b, rng.randrange(-32, 32))
+                ctx.set(dut.we, rng.randrange(2))
+                await ctx.tick()
+                out.append(tuple(ctx.get(p) for p in (dut.mixed, dut.reg, dut.rdata, dut.done)))
+        sim.add_testbench(bench)
+        sim.run()
+        traces.append(out)
+        engines.append(sim._engine)
+    assert traces[0] == traces[1]
+    assert len(set(traces[0])) > 100
+    assert len(engines[1]._wires) >= 6                  # copy, high, low2, narrow, wide, sgn (and done)
+
+
+def test_a_kept_wire_can_be_awaited_and_an_inlined_one_read():
+    from sim.backends.amaranth_engine import engine_class
+    dut = _Wires()
+    sim = Simulator(dut, engine=engine_class(keep=(dut.done,)))
+    sim.add_clock(1e-6)
+    seen = []
+
+    async def bench(ctx):
+        ctx.set(dut.a, 0b1011_0110_1011)               # reg becomes a + (a >> 7), odd: done rises
+        await ctx.posedge(dut.done)
+        seen.append(ctx.get(dut.mixed))
+    sim.add_testbench(bench)
+    sim.run_until(1e-4)
+    engine = sim._engine
+    assert engine._wires and all(signal is not dut.done for signal in engine._wires.keys())
+    a = 0b1011_0110_1011                               # mixed = low2 * 100 + narrow + wide + sgn, b = 0
+    field = (a >> 2) & 15
+    assert seen == [(((a >> 7) & 7) * 100 + (a & 15) + (field - 16 if field & 8 else field)) & 0xFFFF]
+
+
+def test_awaiting_an_inlined_wire_is_refused_by_name():
+    from sim.backends.amaranth_engine import engine_class
+    dut = _Wires()
+    sim = Simulator(dut, engine=engine_class(keep=()))
+    sim.add_clock(1e-6)
+
+    async def bench(ctx):
+        await ctx.posedge(dut.done)
+    sim.add_testbench(bench)
+    with pytest.raises(ValueError, match="inlined the wire 'done'"):
+        sim.run_until(1e-5)

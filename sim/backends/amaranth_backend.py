@@ -47,7 +47,7 @@ class _Rig:
         try:
             with checks():              # the simulation-only checks too (hdl.properties.checks)
                 # a faster engine for pysim (sim.backends.amaranth_engine); the stock one to write a waveform
-                self.sim = Simulator(top, engine=engine_class(vcd))
+                self.sim = Simulator(top, engine=engine_class(vcd, keep=(self.harness.halted,)))
         finally:
             if collecting:
                 gc.enable()
