@@ -12,7 +12,7 @@ import compiler as C
 
 from .calibrate import calibrate
 from .paged import MAX_CONTEXT
-from .tiny_lm import V, argmax, build_graph, float_generate, float_step, make_model
+from .tiny_lm import V, build_graph, float_generate, float_step, make_model
 
 __all__ = ["agreement_study", "decode_forced", "rel_rms", "MAX_STEPS"]
 

@@ -19,7 +19,7 @@ from sim.cli import (Parser, Progress, UsageError, assert_option, backend_option
                      int_range, link_report, output_file, sim_option, window, write_json)
 from sim.options import temperature, token_list
 
-from host.paged import MAX_CONTEXT, check_decode, max_context     # the context limit and the pool's need, once
+from host.paged import MAX_CONTEXT, check_decode     # the context limit and the pool's check, once
 DEFAULT_SIM = "amaranth"
 
 

@@ -21,7 +21,7 @@ class mm / dma / vec give cyc_mm / cyc_dma / cyc_vec, their number n_inst, and a
 from __future__ import annotations
 
 from hdl.config import ChipConfig
-from hdl.isa import COUNTER_INDEX, COUNTER_OF, Op, describe, hw_operands, legal_ops, operands
+from hdl.isa import COUNTER_OF, Op, describe, hw_operands, legal_ops, operands
 from sim.backends import SimError, program_words
 
 __all__ = ["PID", "STEPS_TID", "SEQ_TID", "ENGINE_PID", "unit_tracks", "build_events", "trace_document",

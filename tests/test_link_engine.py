@@ -18,9 +18,9 @@ from amaranth.sim import Simulator
 
 from hdl import isa
 from hdl.board_top import BoardCore
-from hdl.config import BOOK, ChipConfig
-from hdl.hostlink import (ANSWER_HEADER, MAX_BOARD_LAT, MAX_PAYLOAD, RUN_RESULT, Answer, Cmd, Request,
-                          RunArgs, RunResultFields, Space, Status, crc16, pack_answer, pack_request,
+from hdl.config import BOOK
+from hdl.hostlink import (ANSWER_HEADER, MAX_BOARD_LAT, MAX_PAYLOAD, RUN_RESULT, Cmd, Request,
+                          RunArgs, RunResultFields, Space, Status, crc16, pack_request,
                           parse_answer, word_bytes)
 from hdl.link_engine import crc16_step, gap_cycles, struct_fields
 from sim.board.model import BoardModel

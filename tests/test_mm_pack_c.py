@@ -306,7 +306,6 @@ def test_unit_writes_each_word_at_its_last_element():
     at dst + m*ldc + w; nothing else is written."""
     cfg = PACK_C
     L = cfg.mm_load
-    rng = random.Random(11)
     cases = [((1 << 23, 16, 0), isa.mm(4000, 100, 2000, 5, 9, 7, ldc=3, rq=1, pc=1)),
              ((1 << 23, 16, 1), isa.mm(4090, 4093, 7, 8, 6, 8, lda=11, ldb=2, ldc=2, tb=1, pb=1, rq=1, pc=1)),
              ((3 << 22, 18, 0), isa.mm(10, 10, 3000, 3, 5, 4, ldb=5, ldc=1, rq=1, pc=1))]

@@ -7,7 +7,6 @@ The full run is ``python -m sim.mutants`` (minutes, not in CI)."""
 import collections
 import dataclasses
 import hashlib
-import os
 import re
 from pathlib import Path
 

@@ -16,7 +16,6 @@ from hdl import isa
 from hdl.chip import SeqState
 from hdl.config import BOOK, PRESETS, ChipConfig, ChipSpecError, parse_chip
 from hdl.harness import ChipHarness
-from hdl.isa import Op, operands
 from sim.backends import first_difference
 from sim.backends.amaranth_backend import AmaranthBackend
 from sim.backends.reference import ReferenceMachine

@@ -40,7 +40,6 @@ import itertools
 import math
 import random
 
-import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 import compiler as C

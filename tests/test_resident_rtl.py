@@ -22,7 +22,7 @@ from hdl import isa
 from hdl.config import BOOK
 from hdl.isa import Op, operands
 from sim.backends import DidNotHalt, ErrorStop, first_difference
-from sim.verify.progen import RESIDENT_CI_CONFIGS, fuzz_case, resident_program
+from sim.verify.progen import RESIDENT_CI_CONFIGS, fuzz_case
 from sim.backends.reference import ReferenceMachine
 
 try:

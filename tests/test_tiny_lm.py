@@ -1,6 +1,5 @@
 """The tiny LM and its calibration against the check values printed in model spec 1.3-1.7 and 5.3
 (the printed digits are the independent source), and the graph's node order of 1.6."""
-import math
 
 import pytest
 

@@ -9,7 +9,7 @@ silent for `FRAME_GAP_BYTES` byte times) drops it.
 from __future__ import annotations
 
 from hdl.config import BOOK, ChipConfig
-from hdl.hostlink import (ANSWER_HEADER, DIRTY_BLOCK, MAX_BOARD_LAT, MAX_PAYLOAD, REQUEST_HEADER,
+from hdl.hostlink import (DIRTY_BLOCK, MAX_BOARD_LAT, MAX_PAYLOAD, REQUEST_HEADER,
                           SYNC_REQUEST, Answer, Cmd, HelloInfo, RunArgs, RunResultFields, Space, Status,
                           crc16, dirty_map_bytes, pack_answer, request_payload_length, word_bytes)
 

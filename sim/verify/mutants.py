@@ -1023,7 +1023,7 @@ def main(argv=None) -> int:
     if args.list:
         for i, m in chosen:
             problem = anchor_problem(m)
-            print(_label(i, m) + (f"  [argued equivalent]" if m.equivalent else "")
+            print(_label(i, m) + ("  [argued equivalent]" if m.equivalent else "")
                   + (f"  [cannot be applied: {problem}]" if problem else ""))
             print(f"{'':12s}{m.file}: {m.anchor.strip()!r} -> {m.replacement.strip()!r}")
             print(f"{'':12s}checks: {' '.join(m.checks)}")
