@@ -205,9 +205,15 @@ if _AVAILABLE:
             value = value.as_signed() if signed else value.as_unsigned()
         return value
 
+    def _plain(value):
+        """Whether `value` is a signal, or constant slices and sign views of one (what a wire copies)."""
+        while isinstance(value, Slice) or (isinstance(value, Operator) and value.operator in ("s", "u")):
+            value = value.value if isinstance(value, Slice) else value.operands[0]
+        return isinstance(value, Signal)
+
     def _inline_wires(root, keep):
         """Wires of the fragment tree `root` (a signal assigned, whole, by one top-level combinational statement
-        from a signal or a constant slice of one: port connections, instruction fields) replaced by that
+        from a signal or constant slices of one, `_plain`: port connections, instruction fields) replaced by that
         value, with the wire's shape (`_with_shape`), wherever they are read: every domain's statements,
         Asserts and Prints, memory ports' addresses, data and enables; their statements are dropped. None of
         `keep` (what a testbench awaits), and no domain's clock or reset. Returns {wire: the value it stands
@@ -236,7 +242,7 @@ if _AVAILABLE:
                 x, e = stmt.lhs, stmt.rhs
                 if counts[x] != 1 or x in keep or x in e._rhs_signals():
                     continue
-                if not (isinstance(e, Signal) or (isinstance(e, Slice) and isinstance(e.value, Signal))):
+                if not _plain(e):
                     continue
                 found[x] = (fragment, stmt, e)
         table = SignalDict()
