@@ -346,8 +346,6 @@ class LinkEngine(wiring.Component):
             args_ok = args_ok & (a_lat == cfg.lat)
 
         # ---- the answer ----
-        status = Signal(8)
-        alen = Signal(8 * _ANS[4][0])
         hsr = Signal(8 * ANSWER_HEADER.size)
         obyte = Signal(8)
         ovalid = Signal()

@@ -173,7 +173,7 @@ class MatrixUnit(SpadUnit):
         opr = self.operand_register()
         if cfg.mm_overlap:
             return self._elaborate_overlap(m, opr, array, wr, rd)
-        dst, b_base, lda, ldb, ldc = opr.dst, opr.B, opr.lda, opr.ldb, opr.ldc
+        dst, b_base, lda, ldb = opr.dst, opr.B, opr.lda, opr.ldb
         M, K, N, tb = opr.M, opr.K, opr.N, opr.tb
         if cfg.mm_pack:
             # pb (docs/mm-fast.md): B's words hold four columns each; a packed B is never transposed

@@ -6,7 +6,7 @@ back from dst and writes (e*r + 2^21) >> 22 over it; done is high in W_B with B 
 with ``sm_div`` = b (docs/sm-div.md) the divider finds b quotient bits a cycle: WAITD lasts 40/b + 2
 cycles and B = 3*len + 7 + 40/b (``hdl.isa.sm_busy_cycles``).
 """
-from amaranth.hdl import Module, Mux, Signal, signed
+from amaranth.hdl import Module, Signal, signed
 
 from hdl.arith import SOFTMAX_NUM as RECIP_NUM    # the divider's constant numerator, defined once
 from hdl.divider import Divider
