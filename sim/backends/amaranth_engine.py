@@ -1097,78 +1097,53 @@ if _AVAILABLE:
                                               for target, processes in targets.values())
                     slot.wakers[:] = others
 
-        def _commit(self):
-            """pysim's state.commit() (no waveform: nothing recorded), its signals' commit and _run_wakers
-            inlined (a few hundred signals change a cycle); whether anything changed. (`_settle` has the same
-            loop written in, for the time of a call at every rank.)"""
-            pending, signal_state, changed = self._state.pending, _pysim._PySignalState, False
-            marks_of = self._marks.get
-            for slot in pending:
-                if type(slot) is signal_state:
-                    curr, next = slot.curr, slot.next
-                    if curr != next:
-                        marks = marks_of(slot)
-                        if marks is not None:
-                            for mark, what in marks:
-                                mark(what)
-                        wakers = slot.wakers
-                        if wakers:
-                            kept = 0
-                            for waker in wakers:
-                                if waker(curr, next):
-                                    wakers[kept] = waker
-                                    kept += 1
-                            del wakers[kept:]
-                        slot.curr = next
-                        changed = True
-                elif slot.commit():
-                    changed = True
-            pending.clear()
-            return changed
-
         def _settle(self):
-            """Run the woken combinational processes rank by rank, committing after each rank (`_commit`'s
-            loop), until none is left; whether any ran. A process woken at a rank already passed (a loop of
-            processes) is taken on the next sweep."""
+            """Commit what is pending (pysim's state.commit() without a waveform, its signals' commit and
+            _run_wakers written in: ~90 signal changes a cycle), then run the woken combinational processes
+            rank by rank, committing after each rank, until none is left; whether any signal or memory
+            changed. A process woken at a rank already passed (a loop of processes) is taken on the next
+            sweep."""
             buckets, pending, signal_state = self._buckets, self._state.pending, _pysim._PySignalState
-            marks_of, ran = self._marks.get, False
+            marks_of, changed, rank, ranks = self._marks.get, False, 0, len(self._buckets)
             while True:
-                swept = False
-                for bucket in buckets:
-                    if not bucket:
-                        continue
-                    batch = list(bucket)
-                    bucket.clear()
-                    for process in batch:
-                        process.run()
-                    for slot in pending:
-                        if type(slot) is signal_state:
-                            curr, next = slot.curr, slot.next
-                            if curr != next:
-                                marks = marks_of(slot)
-                                if marks is not None:
-                                    for mark, what in marks:
-                                        mark(what)
-                                wakers = slot.wakers
-                                if wakers:
-                                    kept = 0
-                                    for waker in wakers:
-                                        if waker(curr, next):
-                                            wakers[kept] = waker
-                                            kept += 1
-                                    del wakers[kept:]
-                                slot.curr = next
-                        else:
-                            slot.commit()
-                    pending.clear()
-                    swept = True
-                if not swept:
-                    return ran
-                ran = True
+                for slot in pending:
+                    if type(slot) is signal_state:
+                        curr, next = slot.curr, slot.next
+                        if curr != next:
+                            marks = marks_of(slot)
+                            if marks is not None:
+                                for mark, what in marks:
+                                    mark(what)
+                            wakers = slot.wakers
+                            if wakers:
+                                kept = 0
+                                for waker in wakers:
+                                    if waker(curr, next):
+                                        wakers[kept] = waker
+                                        kept += 1
+                                del wakers[kept:]
+                            slot.curr = next
+                            changed = True
+                    elif slot.commit():
+                        changed = True
+                pending.clear()
+                while rank < ranks and not buckets[rank]:
+                    rank += 1
+                if rank == ranks:
+                    if not any(buckets):
+                        return changed
+                    rank = 0                             # a loop of processes: sweep again
+                    continue
+                bucket = buckets[rank]
+                batch = list(bucket)
+                bucket.clear()
+                for process in batch:
+                    process.run()
+                rank += 1
 
         def step_design(self):
             queue, others, triggers, edges = self._queue, self._processes, self._active_triggers, self._edges
-            commit, settle = self._commit, self._settle
+            settle = self._settle
             converged = False
             while not converged:
                 for trigger_state in triggers:
@@ -1183,9 +1158,7 @@ if _AVAILABLE:
                 queue.clear()
                 for process in batch:
                     process.run()
-                converged = not commit()
-                if settle():
-                    converged = False
+                converged = not settle()
                 if edges:
                     for stale in edges:
                         queue.update(stale)              # what raising each one's runnable flag does
@@ -1193,6 +1166,7 @@ if _AVAILABLE:
                     edges.clear()
                     converged = False
                 self._delta_cycles += 1
+
         def write_rows(self, ctx, pairs):
             """Write each (``MemoryData`` row, word) of `pairs` as ``ctx.set`` would, then settle the design
             once (``ctx.set`` settles it after every word). For a testbench, between its awaits."""
