@@ -612,3 +612,14 @@ def test_awaiting_an_inlined_wire_is_refused_by_name():
     sim.add_testbench(bench)
     with pytest.raises(ValueError, match="inlined the wire 'done'"):
         sim.run_until(1e-5)
+
+
+def test_memory_write_ports_keep_the_fast_writer_with_wires_inlined():
+    """The toy's write port takes its address, data and enable from wires: they stay signals, so the port's
+    process is still `SkipIdleEngine._writer`'s (not pysim's, which builds the write mask at every edge)."""
+    from sim.backends.amaranth_engine import engine_class
+    dut = _Wires()
+    sim = Simulator(dut, engine=engine_class(keep=()))
+    engine = sim._engine
+    writers = [p for p in engine._rtl if p.run.__qualname__.endswith("_writer.<locals>.write")]
+    assert len(writers) == 1 and engine._wires
