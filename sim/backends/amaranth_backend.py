@@ -167,6 +167,11 @@ class AmaranthBackend(Backend):
             self._rigs[key] = _Rig(ext_words, lat, self.config, vcd=bool(self.vcd))
         return self._rigs[key]
 
+    def build(self, ext_words: int, lat: int) -> None:
+        """Build now the simulator that runs jobs of `ext_words` EXT words and latency `lat` (otherwise built
+        by the first such run, then reused): `ga2 bench` times the build apart."""
+        self._rig(ext_words, check_lat(lat))
+
     def run(self, program, image, lat: int = 8, scratchpad=None) -> RunResult:
         """Run `program` (128-bit words or Instr, HALT last) on `image` (EXT words) with latency `lat`,
         the scratchpad starting as `scratchpad` (None: all zero; else ``config.spad_depth`` words)."""
