@@ -460,15 +460,23 @@ if _AVAILABLE:
         else:
             yield stmt
 
+    def _raised(waker):
+        """(pysim's maker of `waker`: ``"comb_waker.<locals>.waker"`` or ``"memory_waker.<locals>.waker"``,
+        the process whose flag it raises) when `waker` is one of those (they hold the process alone), else
+        (its name, None)."""
+        name = getattr(waker, "__qualname__", "")
+        cells = [cell.cell_contents for cell in getattr(waker, "__closure__", None) or ()]
+        if name in ("comb_waker.<locals>.waker", "memory_waker.<locals>.waker") and len(cells) == 1:
+            return name, cells[0]
+        return name, None
+
     def _direct_waker(waker, home):
         """pysim's `waker` itself, or, if it only raises the flag of a compiled process (a key of `home`: the
         wakers of ``comb_waker`` and ``memory_waker`` in ``amaranth.sim._pyrtl``), one that puts it in its
         set ``home[process]``."""
-        name = getattr(waker, "__qualname__", "")
-        cells = [cell.cell_contents for cell in getattr(waker, "__closure__", None) or ()]
-        if len(cells) != 1 or cells[0] not in home:
+        name, process = _raised(waker)
+        if process not in home:
             return waker
-        process = cells[0]
         add = home[process].add
         if name == "comb_waker.<locals>.waker":
             def on_signal(curr, next):
@@ -1053,10 +1061,9 @@ if _AVAILABLE:
             wanted = set(processes)
             for index, slot in enumerate(state.slots):
                 for waker in slot.wakers:
-                    cells = [c.cell_contents for c in getattr(waker, "__closure__", None) or ()]
-                    if (getattr(waker, "__qualname__", "") == "comb_waker.<locals>.waker" and len(cells) == 1
-                            and cells[0] in wanted):
-                        readers.setdefault(index, set()).add(cells[0])
+                    name, process = _raised(waker)
+                    if name == "comb_waker.<locals>.waker" and process in wanted:
+                        readers.setdefault(index, set()).add(process)
             after = {p: set() for p in processes}  # process -> the processes that read what it drives
             for process, fragment in comb:
                 if process not in wanted:
