@@ -18,7 +18,7 @@ SLOW_FIRST = (
     "test_verilator.py",        # five LATs, two EXTs, the 8x8 chip, the stand-in harness
     "test_fuzz.py",             # the fresh-seed campaign: five (EXT, LAT) models
     "test_verilator_asserts.py",    # book and fast models with assertions, a broken chip's
-    "test_board_sim.py",        # the board top in Verilator (book and fast), driven through a pty (one group)
+    "test_board_sim.py",        # the board top in Verilator (book and fast), driven through a pty (a group a board)
     "test_resident_rtl.py",     # the gather chip's model
     "test_engine.py",           # the fast chip's model
     "test_mm_fast.py",          # a fast chip with every MM feature: its own 8x8 model

@@ -9,7 +9,10 @@ gives the error line within the timeout. A chip with drain lanes (`LANES`, docs/
 whose upper lanes alone write some blocks on its board as on the reference: the host
 reads back only the blocks of the board's dirty maps, so a word a lane wrote and the map left out would
 show. Three Verilator builds (book, fast and `LANES`,
-cached with the chip models); the module runs on one xdist worker, its boards shared by its tests.
+cached with the chip models). The module is two xdist groups, one a board: the book board's tests run on one
+worker and the fast board's on one (maybe the other), each board started once and shared by its group's tests.
+The workloads are as short as still shows each point (a few decode steps; the board simulates the line bit by
+bit, about 80 cycles a byte, and a resident decode first sends ~80 KB of weights).
 """
 import json
 import sys
@@ -18,7 +21,9 @@ import pytest
 
 from tests.boardutil import BoardSim, kill_mid_decode, run_ga2
 
-pytestmark = [pytest.mark.timeout(1200), pytest.mark.xdist_group("board_sim")]
+pytestmark = pytest.mark.timeout(1200)
+on_book_board = pytest.mark.xdist_group("board_book")
+on_fast_board = pytest.mark.xdist_group("board_fast")
 
 BUILD = 1200            # seconds a cold build may take on a loaded 2-core machine
 LANES = "fast,mm_pack_c=1,spad_lanes=4"     # the serving candidate: the MM drain writes four words a cycle
@@ -59,31 +64,35 @@ def _same_decode(a, b):
     assert a.get("load") == b.get("load")
 
 
+@on_book_board
 def test_directed_and_random_suites(book_sim, tmp_path, capsys):
     port = ["--sim", "board", "--port", book_sim.path]
-    for name, args in (("directed", ["--directed"]), ("random", ["--count", "8", "--seed", "20"])):
+    for name, args in (("directed", ["--directed"]), ("random", ["--count", "3", "--seed", "20"])):
         path = tmp_path / f"{name}.hex"
         assert run_ga2(capsys, "progen", *args, "--out", str(path))[0] == 0
         code, out, err = run_ga2(capsys, "replay", str(path), *port)
         assert code == 0 and "PASS:" in out and "board link on" in out, out + err
 
 
+@on_book_board
 def test_decode_book_mode(book_sim, tmp_path, capsys):
-    steps = ["--steps", "10"]
+    steps = ["--steps", "4"]
     got, out = _decode(capsys, tmp_path, "b.json", *steps, "--sim", "board", "--port", book_sim.path)
     want, _ = _decode(capsys, tmp_path, "r.json", *steps, "--sim", "reference")
     _same_decode(got, want)
-    assert got["link"]["runs"] == 10 and f"board link on {book_sim.path}: 10 runs" in out
+    assert got["link"]["runs"] == 4 and f"board link on {book_sim.path}: 4 runs" in out
 
 
+@on_fast_board
 def test_decode_resident_mode_on_fast(fast_sim, tmp_path, capsys):
-    args = ["--steps", "12", "--mode", "resident", "--chip", "fast"]
+    args = ["--steps", "6", "--mode", "resident", "--chip", "fast"]
     got, out = _decode(capsys, tmp_path, "b.json", *args, "--sim", "board", "--port", fast_sim.path)
     want, _ = _decode(capsys, tmp_path, "r.json", *args, "--sim", "reference")
     _same_decode(got, want)
-    assert got["link"]["runs"] == 13          # the load program and 12 steps
+    assert got["link"]["runs"] == 7           # the load program and 6 steps
 
 
+@on_fast_board
 def test_serve_trace_on_fast(fast_sim, tmp_path, capsys):
     args = ["serve", "--requests", "4", "--seed", "5", "--prompt-len", "2:5", "--gen-len", "2:5", "--mode",
             "resident", "--chip", "fast", "--no-verify"]
@@ -95,6 +104,7 @@ def test_serve_trace_on_fast(fast_sim, tmp_path, capsys):
     assert [(q["tokens"], q["logits_int"]) for q in b["requests"]] == [(q["tokens"], q["logits_int"]) for q in r["requests"]]
 
 
+@on_book_board
 def test_lanes_chip_on_its_board_as_on_the_reference(tmp_path, capsys):
     """MMs whose rows of C straddle 16-word blocks (and wrap past the last word), so that some blocks are
     written by lanes 1..3 only: the board backend's scratchpad (its shadow, read back through the dirty
@@ -135,11 +145,13 @@ def test_lanes_chip_on_its_board_as_on_the_reference(tmp_path, capsys):
         sim.stop()
 
 
+@on_book_board         # its own fast board: beside the book board's tests, the other group's worker is busy
 def test_faults_give_the_same_results_retries_printed_no_run_twice(tmp_path, capsys):
     _verilator()
-    sim = BoardSim("--chip", "fast", "--faults", "flip:0.001,drop:0.001", "--seed", "3", timeout=BUILD)
+    # the load and two steps at these rates: about 60 faults on the line, dozens of retries (63 measured)
+    sim = BoardSim("--chip", "fast", "--faults", "flip:0.0003,drop:0.0003", "--seed", "3", timeout=BUILD)
     try:
-        args = ["--steps", "4", "--mode", "resident", "--chip", "fast"]
+        args = ["--steps", "2", "--mode", "resident", "--chip", "fast"]
         got, out = _decode(capsys, tmp_path, "b.json", *args, "--sim", "board", "--port", sim.path)
     finally:
         summary = sim.stop()
@@ -147,10 +159,11 @@ def test_faults_give_the_same_results_retries_printed_no_run_twice(tmp_path, cap
     _same_decode(got, want)
     link = got["link"]
     assert link["retries"] > 0 and f"{link['retries']} retries" in out
-    assert BoardSim.runs(summary) == link["runs"] == 5, summary
+    assert BoardSim.runs(summary) == link["runs"] == 3, summary
     assert "faults: flip 0, drop 0" not in summary
 
 
+@on_fast_board
 def test_a_board_sim_killed_mid_run_gives_the_error_line(fast_sim):
     kill_mid_decode(fast_sim, [sys.executable, "-m", "sim.decode", "--window", "4", "--steps", "32", "--mode",
                                "resident", "--chip", "fast", "--sim", "board", "--port", fast_sim.path,
