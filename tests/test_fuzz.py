@@ -27,7 +27,7 @@ except Exception:       # noqa: BLE001 - any reason the tool cannot run means: s
 
 CORNER_SEED = 20261130
 CORNER_COUNT = 150
-CI_COUNT = 120          # programs of the fresh-seed campaign on Verilator (the Amaranth simulator: none)
+CI_COUNT = 80           # programs of the fresh-seed campaign on Verilator (the Amaranth simulator: none)
 CI_BUDGET = 50_000      # cycles per program there: every maximum length still fits, at half the time
 
 
