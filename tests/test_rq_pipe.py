@@ -99,7 +99,7 @@ def test_reference_same_words_and_the_extra_cycles(spec):
         assert [x - y for x, y in zip(a.counters, b.counters)] == [rqs + fused, fused, 0, rqs, 0]
 
 
-# ---- the unit contracts, proved (sim.verify.formal's targets rq_pipe and mm_rq_pipe) -------------
+# ---- the unit contracts, formally (sim.verify.formal's targets rq_pipe and mm_rq_pipe) ----------
 
 # The piped RQ unit's contract is proved here by k-induction at the units' depth (seconds). The MM unit that
 # fuses it (mm_rq_pipe) takes minutes to prove, so the suite checks it bounded from reset (10 cycles, 12 s);
@@ -107,7 +107,7 @@ def test_reference_same_words_and_the_extra_cycles(spec):
 MM_RQ_PIPE_BMC_DEPTH = 10
 
 
-def test_piped_units_proved_and_a_unit_that_drops_its_last_word_fails():
+def test_piped_rq_proved_fused_mm_bounded_and_a_unit_that_drops_its_last_word_fails():
     from hdl.units.rq import RequantUnit
     from sim.verify import formal
     targets = {t.name: t for t in formal.targets()}
