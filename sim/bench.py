@@ -23,6 +23,7 @@ import sys
 import time
 
 from sim.backends import MAX_LAT, BackendUnavailable, SimError, first_difference, get_backend
+from sim.backends.code_cache import default_cache_dir
 from sim.cli import (Parser, Progress, UsageError, backend_options, board_options, chip_option, guarded, int_range,
                      output_file, window, write_json, write_png)
 from sim.options import fraction, span
@@ -171,7 +172,10 @@ def bench(jobs, sims, repeat: int = 3, out=None, config=None, options=None) -> d
                     in_model = min(in_model, getattr(be, "last_run_seconds", float("inf")))
                 if name == "amaranth":
                     simulating = wall - built
-                    extra = (f"of which {built:.2f} s building the simulator (its code cached in build/pysim: "
+                    cache_dir = default_cache_dir()
+                    cache = (f"its code cached in {cache_dir}" if cache_dir is not None
+                             else "its code cache off by $GA2_PYSIM_CACHE")
+                    extra = (f"of which {built:.2f} s building the simulator ({cache}: "
                              f"docs/pysim-engine.md) and {simulating:.2f} s simulating, "
                              f"{cycles / simulating if simulating > 0 else float('inf'):,.0f} cycles/s")
         except BackendUnavailable as e:
