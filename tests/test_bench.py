@@ -1,4 +1,4 @@
-"""sim.bench: the Amaranth simulator's build is timed apart and still counted in its wall time."""
+"""sim.bench: the Amaranth simulator's build is timed apart, still counted in its wall time, and its code cache named."""
 import io
 import time
 
@@ -6,11 +6,17 @@ import pytest
 
 import sim.backends.amaranth_backend as amaranth_backend
 from hdl.config import BOOK
+from sim.backends import build_base
 from sim.bench import bench, random_jobs
 
 
 @pytest.mark.timeout(300)
-def test_amaranth_build_is_timed_apart_and_counted_in_the_wall_time(monkeypatch):
+@pytest.mark.parametrize("cache", ["default", "off"])
+def test_amaranth_build_is_timed_apart_and_counted_in_the_wall_time_and_names_its_code_cache(monkeypatch, cache):
+    if cache == "off":
+        monkeypatch.setenv("GA2_PYSIM_CACHE", "off")
+    else:
+        monkeypatch.delenv("GA2_PYSIM_CACHE", raising=False)
     build = amaranth_backend.AmaranthBackend.build
 
     def slow_build(self, ext_words, lat):          # a build that surely outlasts the few runs below
@@ -29,3 +35,6 @@ def test_amaranth_build_is_timed_apart_and_counted_in_the_wall_time(monkeypatch)
     assert len(result["objects"]["amaranth"]._rigs) == 1           # built once, then reused by every run
     text = out.getvalue()
     assert "building the simulator" in text and f"{row['simulating_cycles_per_s']:,.0f} cycles/s" in text
+    said = ("its code cache off by $GA2_PYSIM_CACHE" if cache == "off"
+            else f"its code cached in {build_base() / 'pysim'}")
+    assert said in text and text.count("its code cache") == 1
