@@ -1,3 +1,4 @@
+# amaranth: UnusedElaboratable=no
 """Requantizer (hardware spec 5.4): every edge, R10, and 20,000 random cases against hdl.arith.
 
 Two independent golden paths: `hdl.arith.requant` (the RTL's own steps) and the spec's integer rule

@@ -1,3 +1,4 @@
+# amaranth: UnusedElaboratable=no
 """hdl.uart: the 8N1 transmitter and receiver against a Python line model, cycle by cycle.
 
 The line model drives the receiver's pin from frames laid on a continuous time axis (a bit period that may

@@ -1,3 +1,4 @@
+# amaranth: UnusedElaboratable=no
 """vec_lanes (docs/vec-lanes.md): RQ and VADD reading and writing `vec_lanes` consecutive words a cycle
 through the banked scratchpad. The configuration, the cycle formulas against the group schedule counted
 here, the reference machine's group rule, the banks' read lanes in pysim (every alignment, across the top,
