@@ -17,6 +17,7 @@ distribution), so they run on one worker, one after the other, and the head is s
 import contextlib
 import fcntl
 import os
+import random
 import re
 import signal
 import socket
@@ -115,9 +116,19 @@ def test_a_failing_program_is_reported_as_the_local_run_reports_it(tmp_path):
 # ---- a head started here -----------------------------------------------------------------------------------
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port that binds now, below the kernel's ephemeral range: Ray binds it later, and a port the kernel
+    handed out (bind to 0, or an outgoing connection) could meanwhile go to another socket."""
+    low, _ = (int(x) for x in open("/proc/sys/net/ipv4/ip_local_port_range").read().split())
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randrange(20000, max(20001, low))
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    raise RuntimeError("no free port below the ephemeral range")
 
 
 def _descendants(pid: int) -> list[int]:
@@ -276,7 +287,9 @@ def test_bad_cluster_options_are_one_line_before_any_work():
 
 
 def test_an_unreachable_cluster_is_one_line():
-    p = _run("sim.verify.fuzz", "--count", "1", "--cluster", f"127.0.0.1:{_free_port()}", timeout=300)
+    from test_loadgen import refusing_port
+    with refusing_port() as port:
+        p = _run("sim.verify.fuzz", "--count", "1", "--cluster", f"127.0.0.1:{port}", timeout=300)
     assert p.returncode == 2 and p.stderr.splitlines()[-1].startswith("error: cannot join the Ray cluster at "), \
         p.stderr[-2000:]
 

@@ -113,12 +113,25 @@ def metrics(url) -> dict:
     return out
 
 
+def settled(url) -> dict:
+    """The metrics once no request runs or waits (earlier tests on a shared server may still be finishing)."""
+    end = time.monotonic() + WAIT
+    while True:
+        m = metrics(url)
+        if (m["ga2:num_requests_running", ()], m["ga2:num_requests_waiting", ()]) == (0, 0) \
+                or time.monotonic() > end:
+            return m
+        time.sleep(0.02)
+
+
 def log_lines(path, n=0, ids=()):
     """The replay log's lines once there are `n` and those of the requests `ids` are among them (the server
     writes them on its worker thread)."""
     end = time.monotonic() + WAIT
     while True:
-        lines = [json.loads(x) for x in open(path).read().splitlines()] if os.path.exists(path) else []
+        text = open(path).read() if os.path.exists(path) else ""
+        # whole lines only: the writer may be mid-line
+        lines = [json.loads(x) for x in text.split("\n")[:-1]]
         if (len(lines) >= n and set(ids) <= {x["id"] for x in lines}) or time.monotonic() > end:
             return lines
         time.sleep(0.02)
@@ -281,7 +294,7 @@ def test_metrics_count_what_was_served(shared):
                                                                          "histogram"),
                        ("ga2:time_per_output_token_cycles", "histogram")):
         assert kinds[name] == kind, name
-    before = metrics(url)
+    before = settled(url)
     r = httpx.post(url + "/v1/completions", json=completion(prompt="9a", max_tokens=6), timeout=WAIT).json()
     (line,) = [x for x in log_lines(log, ids=(r["id"],)) if x["id"] == r["id"]]
     after = metrics(url)
@@ -409,10 +422,12 @@ def test_the_api_key_is_required_on_v1(tmp_path, monkeypatch):
 
 @pytest.mark.timeout(120)
 def test_past_the_queue_bound_a_request_gets_429_with_retry_after(tmp_path):
-    with running_server(["--window", "none", "--max-batch", "1", "--max-waiting", "1"], tmp_path) as (url, service, _):
+    # a sliding window lets the first run long (without one, a context stops at 64 tokens)
+    with running_server(["--window", "8", "--max-batch", "1", "--max-waiting", "1"], tmp_path) as (url, service, _):
         body = completion(prompt="3", max_tokens=60, stream=True)
         with httpx.Client(timeout=WAIT) as client:
-            with client.stream("POST", url + "/v1/completions", json=body) as first:
+            # the first outlasts the test (cut when its stream closes): the third must find it still running
+            with client.stream("POST", url + "/v1/completions", json={**body, "max_tokens": 1000}) as first:
                 lines = first.iter_lines()             # kept: dropped half-read, it would close the connection
                 next(lines)                            # running: its first token came
                 with httpx.Client(timeout=WAIT) as client2:
@@ -421,7 +436,10 @@ def test_past_the_queue_bound_a_request_gets_429_with_retry_after(tmp_path):
                         r = httpx.post(url + "/v1/completions", json=body, timeout=WAIT)
                         assert r.status_code == 429 and r.headers["retry-after"] == "1"
                         assert r.json()["error"]["code"] == "queue_full"
-                        st = service.stats()
+                        end = time.monotonic() + WAIT      # the engine's figures follow its step
+                        while (st := service.stats()) and (st.running, st.waiting) != (1, 1) \
+                                and time.monotonic() < end:
+                            time.sleep(0.01)
                         assert (st.running, st.waiting) == (1, 1)
         m = metrics(url)
         assert m["ga2:requests_rejected_queue_full_total", ()] == 1
@@ -530,7 +548,14 @@ def test_a_second_sigint_forces_the_exit_and_says_so(tmp_path):
             lines = r.iter_lines()          # kept: dropped half-read, it would close the connection
             assert next(lines).startswith("data: {")
             proc.send_signal(signal.SIGINT)
-            time.sleep(0.3)
+            # two SIGINTs sent at once may arrive as one: the second waits until the first closed the listener
+            end = time.monotonic() + WAIT
+            while time.monotonic() < end:
+                try:
+                    httpx.get(url + "/health", timeout=WAIT)
+                except httpx.TransportError:
+                    break
+                time.sleep(0.02)
             proc.send_signal(signal.SIGINT)
             out, err = proc.communicate(timeout=WAIT)
         assert proc.returncode == 1 and "Traceback" not in err, (out, err)

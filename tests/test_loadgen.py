@@ -3,6 +3,7 @@ its reading of a stream and its counting of errors (against httpx's mock transpo
 real server."""
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 
@@ -190,16 +191,22 @@ def _ga2(capsys, *argv):
     return code, out.out, out.err
 
 
-def _free_port() -> int:
+@contextlib.contextmanager
+def refusing_port():
+    """A port bound but not listening while the block runs: a connection to it is refused, and no other
+    process can take it meanwhile (a port freed and then named could be)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+        yield s.getsockname()[1]
 
 
 @pytest.mark.timeout(60)
 def test_command_refuses_in_one_line(capsys, tmp_path):
-    port = _free_port()
-    url = f"http://127.0.0.1:{port}"
+    with refusing_port() as port:
+        _refusals_in_one_line(capsys, tmp_path, f"http://127.0.0.1:{port}")
+
+
+def _refusals_in_one_line(capsys, tmp_path, url):
     cases = [(("--serve", "--url", url), f"error: cannot connect to {url}: "),
              (("--serve", "--url", "127.0.0.1:80"), "error: --url must be http://HOST:PORT"),
              (("--url", url), f"error: --url {url} needs --serve"),

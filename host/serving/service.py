@@ -347,8 +347,10 @@ class EngineService(CompletionService):
                     report = e.step()
                     if not report.ran and e.waiting:     # (a step that only cancelled runs nothing)
                         raise EngineError(f"request {e.waiting[0].req.id} cannot be admitted into an empty pool")
-                    self._deliver(report)
+                # counted before anyone hears of it: a client that saw its tokens reads /metrics with them in
                 self._publish(report)
+                if report is not None:
+                    self._deliver(report)
         except Exception as exc:            # a broken backend or a broken promise: every request learns it
             traceback.print_exc()
             self._fail(f"{type(exc).__name__}: {exc}".splitlines()[0])
