@@ -12,7 +12,7 @@ from amaranth.lib import wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
-from .chip import GA2
+from .chip import GA2, SeqState
 from .config import BOOK
 from .extmem import ExtMemory
 from .isa import ERROR_KIND_BITS
@@ -44,6 +44,10 @@ def harness_signature(config=BOOK):
         "ext_rdata": Out(w),
         "spad_addr": In(range(config.spad_depth)),
         "spad_rdata": Out(w),
+        # where the sequencer stands: what a simulator says of a program that did not halt
+        "seq_pc":    Out(16),
+        "seq_cur":   Out(4),
+        "seq_state": Out(SeqState),
         # resident mode (docs/resident.md) only: an initial scratchpad
         **({"spad_we": In(1), "spad_wdata": In(w)} if config.gather else {}),
         # a chip other than the book's: the error state
@@ -100,6 +104,10 @@ class ChipHarness(wiring.Component):
         Backdoor scratchpad read address (after the run).
     spad_rdata : Out(32)
         Combinational read of the chip's scratchpad at ``spad_addr``.
+    seq_pc, seq_cur, seq_state : Out(16), Out(4), Out(SeqState)
+        The sequencer's program counter, the opcode in flight and its state, read by a simulator that
+        cannot look inside the design (Verilator) to say where a program that did not halt stands. Built
+        with the backdoor ports only (else they read 0).
     spad_we, spad_wdata : In(1), In(32)
         Only with ``config.gather``: backdoor scratchpad write at ``spad_addr`` (before ``start``), the
         initial scratchpad of a resident-mode run.
@@ -167,6 +175,7 @@ class ChipHarness(wiring.Component):
                 ext.bd_addr.eq(self.ext_addr),
                 self.ext_rdata.eq(ext.bd_rdata),
             ]
+            m.d.comb += [self.seq_pc.eq(chip.pc), self.seq_cur.eq(chip.cur), self.seq_state.eq(chip.state)]
             # a read port of its own on the chip's scratchpad: the chip's port is busy with the chip
             if self.config.gather:
                 chip.scratchpad.backdoor(m, self.spad_addr, self.spad_rdata, self.spad_we, self.spad_wdata)

@@ -9,9 +9,10 @@ import os
 import random
 
 import pytest
-from amaranth.hdl import Module, Signal
+from amaranth.hdl import Module, Mux, Signal
 from amaranth.lib import wiring
 from amaranth.lib.memory import Memory
+from hdl.chip import SeqState
 from hdl.harness import HARNESS_SIGNATURE
 from hdl.isa import SPAD_WORDS
 
@@ -54,6 +55,9 @@ class StandIn(wiring.Component):
                      self.ext_rdata.eq(ext_b.data), ext_s.addr.eq(self.spad_addr % self.ext_words),
                      self.spad_rdata.eq(ext_s.data ^ (self.spad_addr << 20))]
         m.d.comb += [rom_w.en.eq(self.rom_we), rom_w.addr.eq(self.rom_addr), rom_w.data.eq(self.rom_wdata)]
+        # its sequencer, told as the chip's: waiting on the word at pc while running
+        m.d.comb += [self.seq_pc.eq(pc), self.seq_cur.eq(op),
+                     self.seq_state.eq(Mux(running, SeqState.WAIT, Mux(self.halted, SeqState.HALT, SeqState.IDLE)))]
         m.d.comb += [ext_w.en.eq(self.ext_we), ext_w.addr.eq(self.ext_addr), ext_w.data.eq(self.ext_wdata)]
         with m.If(self.start & ~running & ~self.halted):
             m.d.sync += [running.eq(1), pc.eq(0), wait.eq(0), self.cyc_total.eq(0), self.cyc_mm.eq(0),
@@ -131,12 +135,13 @@ def test_cache_is_reused_by_a_second_backend(build_root):
 
 def test_did_not_halt(build_root):
     be = VerilatorBackend(max_cycles=500, build_dir=build_root, design=StandIn)
-    with pytest.raises(DidNotHalt, match="did not halt within 500 cycles"):
+    with pytest.raises(DidNotHalt, match=r"^did not halt within 500 cycles \(pc 1: illegal opcode 15 waits forever\)$"):
         be.run([toy(1, 0, 1), toy(15, 0, 0), toy(0, 0, 0)], [0] * 64, 3)
     # in a batch the others still run when asked to return the error in place
     ok = ([toy(4, 0, 2), toy(0, 0, 0)], [1] + [0] * 63, 3)
     got = be.run_many([ok, ([toy(15, 0, 0)], [0] * 64, 3), ok], return_errors=True)
-    assert isinstance(got[1], DidNotHalt) and "job 1" in str(got[1])
+    assert isinstance(got[1], DidNotHalt)
+    assert str(got[1]) == "did not halt within 500 cycles (pc 0: illegal opcode 15 waits forever) (job 1)"
     assert got[0].ext[2] == got[2].ext[2] == 5
 
 
@@ -279,7 +284,8 @@ def test_illegal_opcode_does_not_halt():
     from hdl.isa import halt, ld
     be = VerilatorBackend(max_cycles=2000)
     program = [ld(0, 0, 4).word, 9 << 124, halt().word]
-    with pytest.raises(DidNotHalt, match="did not halt within 2000 cycles"):
+    # the words the Amaranth backend says too (tests/test_chip_amaranth.py), from the harness's seq_* ports
+    with pytest.raises(DidNotHalt, match=r"^did not halt within 2000 cycles \(pc 1: illegal opcode 9 waits forever\)$"):
         be.run(program, [0] * 2048, 8)
 
 

@@ -120,6 +120,23 @@ class DidNotHalt(SimError):
     pass
 
 
+def where_stuck(pc: int, cur: int, state: int, config=None) -> str:
+    """Say where a chip that did not halt stands, from its sequencer's `pc`, `cur` (the opcode in flight)
+    and `state` (an `hdl.chip.SeqState` value): the words an RTL simulator's `DidNotHalt` ends with."""
+    from hdl.chip import SeqState              # late: the reference machine's users need no Amaranth
+    from hdl.config import BOOK
+    from hdl.isa import Op, legal_ops
+    state = SeqState(state)
+    if state == SeqState.HALT:
+        return f"halted after the limit, pc {pc}"
+    if state == SeqState.WAIT:
+        # an opcode this chip has no unit for (9/10 without gather=1, 11..15) is illegal here
+        if cur not in legal_ops(BOOK if config is None else config):
+            return f"pc {pc}: illegal opcode {cur} waits forever"
+        return f"pc {pc}: still waiting on {Op(cur).name}"
+    return f"pc {pc}, sequencer in {state.name}"
+
+
 class AssertionFailed(SimError):
     """A property of the design (an `Assert` of `hdl.properties`) failed while the program ran: the message
     names the property and where (the run, the cycle) when the simulator knows."""

@@ -17,14 +17,12 @@ import gc
 from amaranth.hdl import ClockDomain, Module
 from amaranth.sim import Simulator
 
-from hdl.chip import SeqState
 from hdl.config import BOOK
 from hdl.harness import ChipHarness
-from hdl.isa import Op, legal_ops
 from hdl.properties import checks
 from sim.backends.amaranth_engine import engine_class
 from sim.backends import (MAX_CYCLES, Backend, BadInput, DidNotHalt, ErrorStop, RunResult, check_lat,
-                         check_max_cycles, image_words, program_words, scratchpad_words)
+                         check_max_cycles, image_words, program_words, scratchpad_words, where_stuck)
 
 __all__ = ["AmaranthBackend", "BadInput"]
 
@@ -185,21 +183,10 @@ class AmaranthBackend(Backend):
         if not job.halted or total > self.max_cycles:
             pc, cur, state = job.where
             raise DidNotHalt(f"did not halt within {self.max_cycles} cycles "
-                             f"({_where(pc, cur, state, rom, self.config)})")
+                             f"({where_stuck(pc, cur, state, self.config)})")
         error = None
         if job.error is not None:
             kind, pc, info = job.error
             error = ErrorStop(ErrorStop.KINDS[int(kind.value if hasattr(kind, "value") else kind)], pc, info)
         return RunResult(ext=job.ext, counters=job.counters, scratchpad=job.scratchpad, error=error)
 
-
-def _where(pc, cur, state, rom, config=BOOK):
-    state = SeqState(state)
-    if state == SeqState.HALT:
-        return f"halted after the limit, pc {pc}"
-    if state == SeqState.WAIT:
-        # an opcode this chip has no unit for (9/10 without gather=1, 11..15) is illegal here
-        if cur not in legal_ops(config):
-            return f"pc {pc}: illegal opcode {cur} waits forever"
-        return f"pc {pc}: still waiting on {Op(cur).name}"
-    return f"pc {pc}, sequencer in {state.name}"

@@ -41,7 +41,7 @@ from hdl.config import BOOK, ChipConfig
 from hdl.properties import checks
 from sim.backends import (MAX_CYCLES, AssertionFailed, Backend, BackendUnavailable, BadInput, DidNotHalt, ErrorStop,
                          RunResult, SimError, check_lat, check_max_cycles, image_words, program_words,
-                         build_base, scratchpad_words)
+                         build_base, scratchpad_words, where_stuck)
 
 __all__ = ["VerilatorBackend", "default_build_root", "verilator_command", "verilator_flags", "assertion_failures"]
 
@@ -51,8 +51,8 @@ PREFIX = "Vga2"
 EXE = "ga2sim"
 MAGIC_JOBS = 0x4A324147
 MAGIC_RESULTS = 0x52324147
-RESULT_HEAD = 13                # halted, edges, five counters, run ns (two words), error, kind, pc, info;
-                                # then ext, scratchpad
+RESULT_HEAD = 16                # halted, edges, five counters, run ns (two words), error, kind, pc, info,
+                                # the sequencer's pc, cur and state; then ext, scratchpad
 
 # Verilator options. The emitted Verilog has no X values and gives every register and memory word an
 # initial value (zero unless stated), so the X options cannot change a result: "fast" lets Verilator
@@ -512,9 +512,8 @@ class VerilatorBackend(Backend):
         for (ext, group_lat), members in groups.items():
             exe = self.model(ext, group_lat)
             for n, res in zip(members, self._invoke(exe, ext, [prepared[n] for n in members])):
-                if res is None:
-                    res = DidNotHalt(f"did not halt within {self.max_cycles} cycles"
-                                     + (f" (job {n})" if len(jobs) > 1 else ""))
+                if isinstance(res, DidNotHalt) and len(jobs) > 1:
+                    res = DidNotHalt(f"{res} (job {n})")
                 elif isinstance(res, AssertionFailed) and len(jobs) > 1:
                     res = AssertionFailed(f"{res} (job {n})")
                 if isinstance(res, SimError) and not return_errors:
@@ -522,7 +521,7 @@ class VerilatorBackend(Backend):
                 results[n] = res
         return results
 
-    def _invoke(self, exe: Path, ext: int, batch) -> list[RunResult | AssertionFailed | None]:
+    def _invoke(self, exe: Path, ext: int, batch) -> list[RunResult | AssertionFailed | DidNotHalt]:
         buf = array("I", [MAGIC_JOBS, ext, self.max_cycles, len(batch)])
         for words, img, spad in batch:
             buf.append(len(words))
@@ -549,7 +548,7 @@ class VerilatorBackend(Backend):
         if len(out) != 2 + per * len(batch) or out[0] != MAGIC_RESULTS:
             raise SimError(f"the Verilator model {exe} wrote a malformed result file")
         failed = assertion_failures(p.stdout) if self.asserts else {}
-        results: list[RunResult | AssertionFailed | None] = []
+        results: list[RunResult | AssertionFailed | DidNotHalt] = []
         for k in range(len(batch)):
             if k in failed:
                 results.append(_assertion_error(*failed[k]))
@@ -558,5 +557,7 @@ class VerilatorBackend(Backend):
             self.last_run_seconds += (r[7] | (r[8] << 32)) * 1e-9
             error = ErrorStop(ErrorStop.KINDS[r[10]], r[11], r[12]) if r[9] else None
             results.append(RunResult(ext=list(r[RESULT_HEAD:RESULT_HEAD + ext]), counters=list(r[2:7]),
-                                     scratchpad=list(r[RESULT_HEAD + ext:]), error=error) if r[0] else None)
+                                     scratchpad=list(r[RESULT_HEAD + ext:]), error=error) if r[0]
+                           else DidNotHalt(f"did not halt within {self.max_cycles} cycles "
+                                           f"({where_stuck(r[13], r[14], r[15], self.config)})"))
         return results

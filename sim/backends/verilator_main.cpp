@@ -6,8 +6,9 @@
 //            NS scratchpad words.
 //   results: magic, njobs, then per job: halted, edges clocked after start, the five counters,
 //            run time in ns (two words, low first), error, error_kind, error_pc, error_info (GA2_ERRORS
-//            models: a chip other than the book's; zeros otherwise), EXT words of final external memory,
-//            then the GA2_SPAD words of the final scratchpad.
+//            models: a chip other than the book's; zeros otherwise), the sequencer's pc, opcode in flight
+//            and state at the end (what a job that did not halt is told), EXT words of final external
+//            memory, then the GA2_SPAD words of the final scratchpad.
 // Per job (hardware spec 6.2): one reset edge, one idle edge, the ROM, the non-zero external words and
 // (GA2_GATHER models only: resident mode, docs/resident.md) the non-zero initial scratchpad words through
 // the backdoor ports (a fresh model starts with every memory at zero, as the book's testbench zeroes the
@@ -188,6 +189,9 @@ int main(int argc, char** argv) {
 #else
         for (int k = 0; k < 4; ++k) out.push_back(0);
 #endif
+        out.push_back(m->seq_pc);
+        out.push_back(m->seq_cur);
+        out.push_back(m->seq_state);
         for (uint32_t i = 0; i < ext; ++i) {
             m->ext_addr = i;
             m->eval();   // ext_rdata is a combinational read: no edge needed
