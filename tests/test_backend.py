@@ -68,3 +68,31 @@ def test_get_backend_hands_the_configuration_on(monkeypatch):
     assert B.get_backend("bookonly", trace=True).options == {"trace": True}      # the book's chip: no config=
     with pytest.raises(B.BackendUnavailable, match=r"only the book's chip so far, not --chip array=8"):
         B.get_backend("bookonly", config=cfg)
+
+
+# ---- an RTL trace from the sequencer's changes (the Verilator driver's "GA2T" jobs) -----------------
+
+def _changes(*rows):
+    from hdl.chip import SeqState
+    return [(cycle, SeqState[state].value, pc) for cycle, state, pc in rows]
+
+
+@pytest.mark.parametrize("rows, want", [
+    # the book's way: FETCH, ISSUE, WAIT to the done cycle; HALT after its own FETCH and ISSUE
+    ([(0, "FETCH", 0), (1, "ISSUE", 0), (2, "WAIT", 0), (6, "FETCH", 1), (7, "ISSUE", 1), (8, "HALT", 1)],
+     [(0, 0, 1, 5, 2), (1, 6, 7, 7, 2)]),
+    # a prefetch chip: the second word is issued in the first one's done cycle (5), the HALT in the
+    # second's (9); each was read in the issue cycle of the one before
+    ([(0, "FETCH", 0), (1, "ISSUE", 0), (2, "WAIT", 0), (6, "WAIT", 1), (10, "HALT", 2)],
+     [(0, 0, 1, 5, 2), (1, 1, 5, 9, 0), (2, 5, 9, 9, 0)]),
+    # an error stop's HALT comes the book's way even on a prefetch chip
+    ([(0, "FETCH", 0), (1, "ISSUE", 0), (2, "WAIT", 0), (4, "WAIT", 1), (7, "FETCH", 2), (8, "ISSUE", 2),
+      (9, "HALT", 2)],
+     [(0, 0, 1, 3, 2), (1, 1, 3, 6, 0), (2, 7, 8, 8, 2)]),
+    # a one-cycle WAIT (RQC) between two others
+    ([(0, "FETCH", 0), (1, "ISSUE", 0), (2, "WAIT", 0), (3, "WAIT", 1), (4, "WAIT", 2), (9, "HALT", 3)],
+     [(0, 0, 1, 2, 2), (1, 1, 2, 3, 0), (2, 2, 3, 8, 0), (3, 3, 8, 8, 0)]),
+])
+def test_trace_from_changes_reads_every_way_an_instruction_runs(rows, want):
+    from sim.backends import TraceEntry, trace_from_changes
+    assert trace_from_changes(_changes(*rows)) == [TraceEntry(*w) for w in want]

@@ -51,6 +51,43 @@ class TraceEntry:
         return self.done - self.issue
 
 
+def trace_from_changes(changes) -> list[TraceEntry]:
+    """The executed instructions of an RTL run, from its sequencer's changes.
+
+    `changes` are ``(cycle, state, pc)``: the ``cyc_total`` value, the `hdl.chip.SeqState` value and the pc
+    of a cycle, for the first cycle after the start pulse and then for every cycle whose state or pc differs
+    from the cycle before, ending with the HALT state (the Verilator driver samples them: a "GA2T" job
+    file). An instruction runs FETCH, ISSUE, then its WAIT cycles, the last one its done cycle; on a
+    prefetch chip (docs/prefetch.md) one issued in the previous one's done cycle goes from WAIT to WAIT with
+    the next pc (or to HALT), with no FETCH or ISSUE of its own. The entries follow `TraceEntry`'s meaning,
+    which the reference machine's trace has too.
+    """
+    from hdl.chip import SeqState              # late: the reference machine's users need no Amaranth
+    trace: list[TraceEntry] = []
+    before = None
+    for k, (cycle, state, pc) in enumerate(changes):
+        state = SeqState(state)
+        if state == SeqState.FETCH:
+            trace.append(TraceEntry(pc, cycle, -1, -1))
+        elif state == SeqState.ISSUE:
+            trace[-1].issue = cycle
+        elif state == SeqState.WAIT:
+            if before == SeqState.WAIT:         # issued in the last one's done cycle, read in its issue
+                last = trace[-1]
+                trace.append(TraceEntry(pc, last.issue, last.done, -1, 0))
+            # its done cycle: the last before the next change (every cycle but HALT's counts)
+            trace[-1].done = changes[k + 1][0] - 1 if k + 1 < len(changes) else -1
+        elif state == SeqState.HALT:
+            if before == SeqState.ISSUE:
+                trace[-1].done = trace[-1].issue
+            elif before == SeqState.WAIT:       # a HALT issued in the last one's done cycle
+                last = trace[-1]
+                trace.append(TraceEntry(pc, last.issue, last.done, last.done, 0))
+            break
+        before = state
+    return trace
+
+
 @dataclass(frozen=True)
 class ErrorStop:
     """The chip's error state after an error stop (a chip other than the book's, ``hdl.isa.ErrorKind``).

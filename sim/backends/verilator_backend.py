@@ -41,7 +41,7 @@ from hdl.config import BOOK, ChipConfig
 from hdl.properties import checks
 from sim.backends import (MAX_CYCLES, AssertionFailed, Backend, BackendUnavailable, BadInput, DidNotHalt, ErrorStop,
                          RunResult, SimError, check_lat, check_max_cycles, image_words, program_words,
-                         build_base, scratchpad_words, where_stuck)
+                         build_base, scratchpad_words, trace_from_changes, where_stuck)
 
 __all__ = ["VerilatorBackend", "default_build_root", "verilator_command", "verilator_flags", "assertion_failures"]
 
@@ -50,6 +50,7 @@ TOP = "ga2_harness"
 PREFIX = "Vga2"
 EXE = "ga2sim"
 MAGIC_JOBS = 0x4A324147
+MAGIC_JOBS_TRACED = 0x54324147  # "GA2T": each job's sequencer changes follow its scratchpad
 MAGIC_RESULTS = 0x52324147
 RESULT_HEAD = 16                # halted, edges, five counters, run ns (two words), error, kind, pc, info,
                                 # the sequencer's pc, cur and state; then ext, scratchpad
@@ -350,6 +351,10 @@ class VerilatorBackend(Backend):
         The chip to build (keyword only; the book's chip by default). Its key is part of every model's
         cache key, so two chips never share a model. The driver reads 32-bit counters: a chip with
         other counters raises `BackendUnavailable`.
+    trace : bool
+        Give every result a per-instruction trace (`RunResult.trace`, keyword only; off by default), built
+        from the sequencer's state and pc in every cycle of the run (`sim.backends.trace_from_changes`):
+        the RTL's own, to set beside the reference machine's.
 
     Attributes
     ----------
@@ -364,13 +369,14 @@ class VerilatorBackend(Backend):
     name = "verilator"
 
     def __init__(self, max_cycles: int = MAX_CYCLES, build_dir=None, design=None, verbose: bool | None = None,
-                 *, config: ChipConfig = BOOK, asserts: bool = False):
+                 *, config: ChipConfig = BOOK, asserts: bool = False, trace: bool = False):
         self.max_cycles = check_max_cycles(max_cycles)
         if config.counter_bits != 32:
             raise BackendUnavailable(f"the Verilator driver reads 32-bit counters; this chip's are "
                                      f"{config.counter_bits} bits (use --sim amaranth or reference)")
         self.config = config
         self.asserts = bool(asserts)
+        self.trace = bool(trace)
         self.build_root = Path(build_dir) if build_dir is not None else default_build_root()
         self.design = design or _chip_harness
         self.verbose = True if verbose is None else verbose    # a cold build takes ~20 s: always say so
@@ -522,7 +528,7 @@ class VerilatorBackend(Backend):
         return results
 
     def _invoke(self, exe: Path, ext: int, batch) -> list[RunResult | AssertionFailed | DidNotHalt]:
-        buf = array("I", [MAGIC_JOBS, ext, self.max_cycles, len(batch)])
+        buf = array("I", [MAGIC_JOBS_TRACED if self.trace else MAGIC_JOBS, ext, self.max_cycles, len(batch)])
         for words, img, spad in batch:
             buf.append(len(words))
             for w in words:
@@ -545,19 +551,33 @@ class VerilatorBackend(Backend):
             with open(out_path, "rb") as f:
                 out.frombytes(f.read())
         per = RESULT_HEAD + ext + self.config.spad_depth
-        if len(out) != 2 + per * len(batch) or out[0] != MAGIC_RESULTS:
-            raise SimError(f"the Verilator model {exe} wrote a malformed result file")
+        malformed = SimError(f"the Verilator model {exe} wrote a malformed result file")
+        if out[:2] != array("I", [MAGIC_RESULTS, len(batch)]):
+            raise malformed
         failed = assertion_failures(p.stdout) if self.asserts else {}
         results: list[RunResult | AssertionFailed | DidNotHalt] = []
+        at = 2
         for k in range(len(batch)):
+            r, at = out[at:at + per], at + per
+            changes = None
+            if self.trace:
+                n = out[at] if at < len(out) else 0
+                changes = out[at + 1:at + 1 + 3 * n]
+                at += 1 + 3 * n
+            if len(r) != per or len(out) < at:
+                raise malformed
             if k in failed:
                 results.append(_assertion_error(*failed[k]))
                 continue
-            r = out[2 + k * per: 2 + (k + 1) * per]
             self.last_run_seconds += (r[7] | (r[8] << 32)) * 1e-9
+            trace = None
+            if changes is not None and r[0]:
+                trace = trace_from_changes(list(zip(changes[0::3], changes[1::3], changes[2::3])))
             error = ErrorStop(ErrorStop.KINDS[r[10]], r[11], r[12]) if r[9] else None
             results.append(RunResult(ext=list(r[RESULT_HEAD:RESULT_HEAD + ext]), counters=list(r[2:7]),
-                                     scratchpad=list(r[RESULT_HEAD + ext:]), error=error) if r[0]
+                                     scratchpad=list(r[RESULT_HEAD + ext:]), error=error, trace=trace) if r[0]
                            else DidNotHalt(f"did not halt within {self.max_cycles} cycles "
                                            f"({where_stuck(r[13], r[14], r[15], self.config)})"))
+        if at != len(out):
+            raise malformed
         return results

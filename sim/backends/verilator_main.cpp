@@ -34,6 +34,7 @@
 #endif
 
 static const uint32_t MAGIC_JOBS = 0x4a324147u;     // "GA2J"
+static const uint32_t MAGIC_JOBS_TRACED = 0x54324147u;  // "GA2T"
 static const uint32_t MAGIC_RESULTS = 0x52324147u;  // "GA2R"
 
 // Inputs change while the clock is low; one call is one rising edge (and the following fall).
@@ -80,7 +81,9 @@ int main(int argc, char** argv) {
         while ((n = std::fread(buf, 4, 4096, in)) > 0) words.insert(words.end(), buf, buf + n);
         std::fclose(in);
     }
-    if (words.size() < 4 || words[0] != MAGIC_JOBS) return fail("not a GA-2 job file", argv[1]);
+    if (words.size() < 4 || (words[0] != MAGIC_JOBS && words[0] != MAGIC_JOBS_TRACED))
+        return fail("not a GA-2 job file", argv[1]);
+    const bool traced = words[0] == MAGIC_JOBS_TRACED;
     const uint32_t ext = words[1];
     const uint64_t max_cycles = words[2];
     const uint32_t njobs = words[3];
@@ -164,10 +167,21 @@ int main(int argc, char** argv) {
         m->start = 0;
         uint64_t n = 0;
         failed = failed || asserted(ctx.get(), j, 0);
+        // the sequencer's changes (a "GA2T" job file): what the cycle about to be clocked holds
+        std::vector<uint32_t> changes;
+        auto sample = [&]() {
+            const size_t k = changes.size();
+            if (k && changes[k - 2] == m->seq_state && changes[k - 1] == m->seq_pc) return;
+            changes.push_back(m->cyc_total);
+            changes.push_back(m->seq_state);
+            changes.push_back(m->seq_pc);
+        };
+        if (traced) sample();
         while (!failed && !m->halted && n < max_cycles) {
             edge(m.get());
             ++n;
             failed = asserted(ctx.get(), j, (int64_t)n);
+            if (traced) sample();
         }
         auto t1 = std::chrono::steady_clock::now();
         const uint64_t ns = (uint64_t)std::chrono::duration_cast<std::chrono::nanoseconds>(t1 - t0).count();
@@ -201,6 +215,10 @@ int main(int argc, char** argv) {
             m->spad_addr = i;
             m->eval();   // spad_rdata is a combinational read as well
             out.push_back(m->spad_rdata);
+        }
+        if (traced) {
+            out.push_back((uint32_t)(changes.size() / 3));
+            out.insert(out.end(), changes.begin(), changes.end());
         }
         m->final();
     }
