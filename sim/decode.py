@@ -104,7 +104,8 @@ def build_parser() -> Parser:
                    help="also write a timeline to FILE.json (Chrome trace-event JSON: open it in ui.perfetto.dev or "
                         "chrome://tracing): a track for the sequencer and one per unit, one slice per instruction "
                         "named by opcode with its fields, time in chip cycles, the steps one after another. It comes "
-                        "from the reference machine (the RTL's cycles), which also runs every step whatever --sim is")
+                        "from the reference machine (the RTL's cycles), which also runs every step whatever --sim is; "
+                        "with --sim verilator, from the RTL's own trace, stopped if it differs from the reference's")
     p.add_argument("--vcd", type=output_file, default=None, metavar="PATH",
                    help="with --sim amaranth: write a waveform of the last step's run to PATH (slow, large)")
     p.add_argument("--check", action="store_true",
@@ -291,7 +292,8 @@ def run_decode(a, out=None):
         runs = tracer.runs
         events = build_events(cfg, runs, run_labels(len(runs), recs))
         check_against_counters(events, [c for _, _, c in runs])
-        result["_trace_document"] = trace_document(cfg, events, f"ga2 decode, {len(runs)} runs, mode {mode}")
+        result["_trace_document"] = trace_document(cfg, events, f"ga2 decode, {len(runs)} runs, mode {mode}",
+                                                   tracer.source)
     if hasattr(board, "link_summary"):
         link_report(board, out)
         s = board.stats

@@ -136,7 +136,8 @@ def build_parser() -> Parser:
     p.add_argument("--trace", type=output_file, default=None, metavar="FILE.json",
                    help="also write a timeline to FILE.json (Chrome trace-event JSON: open it in ui.perfetto.dev or "
                         "chrome://tracing): the chip's tracks from the reference machine's per-instruction trace of "
-                        "every program the engine runs, and an engine process with a track of steps and one per "
+                        "every program the engine runs (with --sim verilator, the RTL's own, checked equal to it), "
+                        "and an engine process with a track of steps and one per "
                         "request (waiting, prefill, decode, preempted), all in chip cycles")
     from sim.serving.multichip import chip_options
     chip_options(p)
@@ -265,7 +266,8 @@ def _trace_document(a, tracer, e) -> dict:
     engine's process, both checked (tracks against counters, request slices in order) before written."""
     from sim.timeline import serve_trace_document
     return serve_trace_document(a.chip, tracer.runs, e, a.mode, f"ga2 serve, {a.requests} requests, "
-                                f"{len(e.tl_steps)} engine steps, {len(tracer.runs)} chip runs, mode {a.mode}")
+                                f"{len(e.tl_steps)} engine steps, {len(tracer.runs)} chip runs, mode {a.mode}",
+                                tracer.source)
 
 
 def cfg_lat(a) -> int:

@@ -100,11 +100,16 @@ def build_events(config: ChipConfig, runs, labels=None) -> list[dict]:
     return ev
 
 
-def trace_document(config: ChipConfig, events: list[dict], what: str = "") -> dict:
-    """The JSON object a viewer opens: the events and the clock stated."""
+REFERENCE_SOURCE = "reference machine (sim.backends.reference), the RTL's cycles"
+RTL_SOURCE = ("the Verilator model's own trace (the sequencer's state and pc each cycle), equal to the "
+              "reference machine's run by run")
+
+
+def trace_document(config: ChipConfig, events: list[dict], what: str = "", source: str = REFERENCE_SOURCE) -> dict:
+    """The JSON object a viewer opens: the events, the clock stated and where the cycles come from."""
     return {"traceEvents": events,
             "otherData": {"clock": CLOCK_NOTE, "time_unit": "chip cycle", "chip": config.spec(),
-                          "source": "reference machine (sim.backends.reference), the RTL's cycles",
+                          "source": source,
                           **({"what": what} if what else {})}}
 
 
@@ -143,11 +148,17 @@ def check_against_counters(events: list[dict], counters_list) -> None:
 class TracingBackend:
     """A backend passed through that also runs every program on the reference machine with ``trace=True``
     (the timeline's source, whatever simulator runs the chip) and keeps ``(program, trace, counters)``.
-    With `inner` None the traced reference run is the run: its result is returned (one simulation, not two)."""
+    With `inner` None the traced reference run is the run: its result is returned (one simulation, not two).
+    A Verilator `inner` is switched to its own trace (`VerilatorBackend(trace=True)`): the timeline is then
+    the RTL's, and a run whose trace differs from the reference's raises `TimelineMismatch`."""
 
     def __init__(self, inner, config: ChipConfig):
         from sim.backends.reference import ReferenceMachine
         self.inner = inner
+        self.source = REFERENCE_SOURCE
+        if getattr(inner, "name", None) == "verilator":
+            inner.trace = True
+            self.source = RTL_SOURCE
         self.config = config
         self.ref = ReferenceMachine(trace=True, config=config)
         self.runs = []
@@ -162,9 +173,22 @@ class TracingBackend:
         ref_kw = {} if scratchpad is None else {"scratchpad": list(scratchpad)}
         r = self.inner.run(program, image, lat, **kw) if self.inner is not None else None
         t = self.ref.run(words, mine, lat, **ref_kw)
-        self.runs.append((words, t.trace, list(t.counters)))
+        trace = t.trace
+        if r is not None and r.trace is not None:
+            if r.trace != t.trace:
+                k = next((k for k, (a, b) in enumerate(zip(r.trace, t.trace)) if a != b),
+                         min(len(r.trace), len(t.trace)))
+                raise TimelineMismatch(f"run {len(self.runs)}: the {self.inner.name} trace differs from the "
+                                       f"reference machine's at instruction {k}: {_entry(r.trace, k)} against "
+                                       f"{_entry(t.trace, k)}")
+            trace = r.trace
+        self.runs.append((words, trace, list(t.counters)))
         self.cycles += int(t.counters[0])
         return t if r is None else r
+
+
+def _entry(trace, k):
+    return str(trace[k]) if k < len(trace) else "nothing (the trace ended)"
 
 
 # ---- the serving engine (`ga2 serve --trace`): a second process, same chip-cycle time base ------------
@@ -310,7 +334,8 @@ def serve_run_labels(n_runs: int, steps, mode: str) -> list:
     return labels
 
 
-def serve_trace_document(config: ChipConfig, runs, engine, mode: str, what: str) -> dict:
+def serve_trace_document(config: ChipConfig, runs, engine, mode: str, what: str,
+                         source: str = REFERENCE_SOURCE) -> dict:
     """The timeline of a served trace: the chip's `runs` (a `TracingBackend`'s) and the process of `engine`
     (a `recording_engine`'s, after its run), both checked (tracks against counters, request slices in order)
     before it is returned."""
@@ -318,4 +343,4 @@ def serve_trace_document(config: ChipConfig, runs, engine, mode: str, what: str)
     check_against_counters(events, [c for _, _, c in runs])
     events += engine_events(engine.tl_steps, engine.tl_life)
     check_request_tracks(events)
-    return trace_document(config, events, what)
+    return trace_document(config, events, what, source)

@@ -242,3 +242,43 @@ def test_bench_trace(tmp_path, capsys, mode):
     assert "reference machine" in bench.build_parser().format_help()
     with pytest.raises(bench.UsageError, match="--serve"):
         bench.main(["--serve", "--trace", str(tmp_path / "x.json")])
+
+
+# ---- the RTL's own timeline (--sim verilator) ------------------------------------------------------------
+
+def test_fast_resident_timeline_from_the_rtl(tmp_path):
+    """With --sim verilator the timeline is the Verilator model's own trace; it equals the reference's event
+    for event, and says where it came from."""
+    rtl, rtl_result = _run(tmp_path, "--steps", "2", "--chip", "fast", "--mode", "resident", "--sim", "verilator")
+    ref, _ = _run(tmp_path, "--steps", "2", "--chip", "fast", "--mode", "resident")
+    assert rtl["traceEvents"] == ref["traceEvents"]
+    assert "Verilator model's own trace" in rtl["otherData"]["source"]
+    assert "reference machine" in ref["otherData"]["source"] and "Verilator" not in ref["otherData"]["source"]
+    counters = [rtl_result["load"]["counters"]] + [r["counters"] for r in rtl_result["records"]]
+    _check_doc(rtl, counters)
+
+
+def test_an_rtl_trace_that_differs_is_refused():
+    """A simulator whose trace is not the reference machine's stops the timeline with the instruction named."""
+    from sim.backends import TraceEntry
+    from sim.backends.reference import ReferenceMachine
+    from sim.timeline import TracingBackend
+
+    class OffByOne:
+        name = "verilator"
+        trace = False
+
+        def run(self, program, image, lat=8, scratchpad=None):
+            r = ReferenceMachine(trace=True).run(program, image, lat)
+            e = r.trace[1]
+            r.trace[1] = TraceEntry(e.pc, e.fetch, e.issue, e.done + 1, e.seq)
+            return r
+
+    from hdl.config import BOOK
+    from hdl.isa import halt, ld, st
+    inner = OffByOne()
+    tracer = TracingBackend(inner, BOOK)
+    assert inner.trace is True                  # switched to its own trace
+    with pytest.raises(TimelineMismatch, match=r"^run 0: the verilator trace differs from the reference machine's "
+                                               r"at instruction 1: TraceEntry\(pc=1, "):
+        tracer.run([ld(0, 0, 4).word, st(0, 8, 4).word, halt().word], [1, 2, 3, 4] + [0] * 2044)
