@@ -174,7 +174,9 @@ class TracingBackend:
         r = self.inner.run(program, image, lat, **kw) if self.inner is not None else None
         t = self.ref.run(words, mine, lat, **ref_kw)
         trace = t.trace
-        if r is not None and r.trace is not None:
+        if self.source == RTL_SOURCE and r is not None:
+            if r.trace is None:
+                raise TimelineMismatch(f"run {len(self.runs)}: the {self.inner.name} run gave no trace")
             if r.trace != t.trace:
                 k = next((k for k, (a, b) in enumerate(zip(r.trace, t.trace)) if a != b),
                          min(len(r.trace), len(t.trace)))
