@@ -50,7 +50,15 @@ def _compare(expected, got) -> str | None:
         def outcome(r):
             return f"{type(r).__name__} ({r})" if isinstance(r, Exception) else "a normal halt"
         return f"expected {outcome(expected)}, got {outcome(got)}"
-    return first_difference(expected, got)
+    diff = first_difference(expected, got)
+    if diff is None and expected.trace is not None and got.trace is not None and expected.trace != got.trace:
+        # equal results and counters, but some instruction started or ended in another cycle
+        k = next((k for k, (a, b) in enumerate(zip(expected.trace, got.trace)) if a != b),
+                 min(len(expected.trace), len(got.trace)))
+        def entry(t):
+            return str(t[k]) if k < len(t) else "no entry"
+        diff = f"trace entry {k}: expected {entry(expected.trace)}, got {entry(got.trace)}"
+    return diff
 
 
 def locate(program, image, lat, backend, reference, scratchpad=None) -> int | None:
@@ -140,16 +148,23 @@ def fuzz(backend, reference, count: int, seed: int, ext: int | None = None, lat:
     resident-mode programs (GATHER/SCATTER, each with its initial scratchpad; `sim.verify.progen.fuzz_case`),
     compared error state included.
 
+    On Verilator the per-instruction traces are compared too (both backends are switched to ``trace``).
+
     Returns a dict: count, failures, failed (the failing indices), cycles (on `backend`), reference_s,
-    backend_s, configs ({(EXT, LAT): programs}).
+    backend_s, configs ({(EXT, LAT): programs}), traces (whether the traces were compared).
     """
     from sim.verify.progen import fuzz_case
     out = sys.stdout if out is None else out    # the stdout of the call, not the one at import
     pairs = mix_configs(ext, lat, configs)
     sim = getattr(backend, "name", "?")
     config = getattr(backend, "config", None) if config is None else config
+    # Verilator gives the RTL's own per-instruction trace (sim.backends.trace_from_changes): compared too,
+    # so a program whose instructions start or end in other cycles fails even when the counters agree
+    traces = sim == "verilator" and hasattr(reference, "trace")
+    if traces:
+        backend.trace = reference.trace = True
     summary = {"count": count, "failures": 0, "failed": [], "cycles": 0, "reference_s": 0.0,
-               "backend_s": 0.0, "configs": {}}
+               "backend_s": 0.0, "configs": {}, "traces": traces}
     t_start = time.perf_counter()
     for lo in range(first, first + count, chunk):
         # in chunks: 20,000 programs with 65536-word images do not fit in memory at once
@@ -254,7 +269,7 @@ def fuzz_on_cluster(a) -> dict:
     from sim.cluster import Cluster
     spans = [(lo, min(TASK_PROGRAMS, a.first + a.count - lo)) for lo in range(a.first, a.first + a.count, TASK_PROGRAMS)]
     s = {"count": a.count, "failures": 0, "failed": [], "cycles": 0, "reference_s": 0.0, "backend_s": 0.0,
-         "configs": {}, "builds": 0}
+         "configs": {}, "builds": 0, "traces": True}
     with Cluster(a.cluster, a.workers) as cluster:
         tasks = [(a.sim, a.chip, a.seed, lo, n, a.ext, a.lat, a.budget, backend_options(a)) for lo, n in spans]
         for part in cluster.map(fuzz_task, tasks, label=f"fuzz on {a.sim}"):
@@ -263,6 +278,7 @@ def fuzz_on_cluster(a) -> dict:
             for key in ("failures", "cycles", "reference_s", "backend_s", "builds"):
                 s[key] += part[key]
             s["failed"] += part["failed"]
+            s["traces"] = s["traces"] and part["traces"]
             for pair, k in part["configs"].items():
                 s["configs"][pair] = s["configs"].get(pair, 0) + k
     if s["builds"]:
@@ -274,7 +290,8 @@ def fuzz_on_cluster(a) -> dict:
 def build_parser() -> Parser:
     p = Parser("python -m sim.fuzz",
                "Run random programs (sim.verify.progen) on the reference machine and on a simulator and compare every "
-               "external word and the five counters; a failure names the first differing instruction and the "
+               "external word and the five counters (on Verilator, every instruction's fetch, issue and done "
+               "cycles too); a failure names the first differing instruction and the "
                "command that reruns that program alone.\n\n" + MIX_HELP,
                "python -m sim.fuzz --sim verilator --count 200 --seed 7\n"
                "python -m sim.fuzz --sim verilator --assert --chip fast --count 2000\n"
@@ -334,7 +351,8 @@ def main(argv=None) -> int:
     first = f", programs {a.first}..{a.first + a.count - 1}" if a.first else ""
     on = f"{a.sim} with assertions" if a.asserts else a.sim
     print(f"{status}: {s['count'] - s['failures']}/{s['count']} programs identical on {on} and reference "
-          f"(seed {a.seed}{first}, {chips}; {s['cycles']:,} cycles; "
+          f"(seed {a.seed}{first}, {chips}; {s['cycles']:,} cycles"
+          f"{', every instruction traced' if s['traces'] else ''}; "
           f"{a.sim} {s['backend_s']:.1f} s, reference {s['reference_s']:.1f} s)")
     return 0 if s["failures"] == 0 else 1
 
