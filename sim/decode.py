@@ -105,7 +105,8 @@ def build_parser() -> Parser:
                         "chrome://tracing): a track for the sequencer and one per unit, one slice per instruction "
                         "named by opcode with its fields, time in chip cycles, the steps one after another. It comes "
                         "from the reference machine (the RTL's cycles), which also runs every step whatever --sim is; "
-                        "with --sim verilator, from the RTL's own trace, stopped if it differs from the reference's")
+                        "with --sim verilator or amaranth, from the RTL's own trace, stopped if it differs from the "
+                        "reference's")
     p.add_argument("--vcd", type=output_file, default=None, metavar="PATH",
                    help="with --sim amaranth: write a waveform of the last step's run to PATH (slow, large)")
     p.add_argument("--check", action="store_true",

@@ -136,7 +136,8 @@ def build_parser() -> Parser:
     p.add_argument("--trace", type=output_file, default=None, metavar="FILE.json",
                    help="also write a timeline to FILE.json (Chrome trace-event JSON: open it in ui.perfetto.dev or "
                         "chrome://tracing): the chip's tracks from the reference machine's per-instruction trace of "
-                        "every program the engine runs (with --sim verilator, the RTL's own, checked equal to it), "
+                        "every program the engine runs (with --sim verilator or amaranth, the RTL's own, checked equal "
+                        "to it), "
                         "and an engine process with a track of steps and one per "
                         "request (waiting, prefill, decode, preempted), all in chip cycles")
     from sim.serving.multichip import chip_options

@@ -101,8 +101,13 @@ def build_events(config: ChipConfig, runs, labels=None) -> list[dict]:
 
 
 REFERENCE_SOURCE = "reference machine (sim.backends.reference), the RTL's cycles"
-RTL_SOURCE = ("the Verilator model's own trace (the sequencer's state and pc each cycle), equal to the "
-              "reference machine's run by run")
+# the simulators of the RTL whose runs carry their own trace (sim.backends.trace_from_changes)
+RTL_TRACERS = {"verilator": "the Verilator model", "amaranth": "Amaranth's simulation of the chip"}
+
+
+def rtl_source(sim: str) -> str:
+    return (f"{RTL_TRACERS[sim]}: its own trace (the sequencer's state and pc), equal to the reference machine's "
+            f"run by run")
 
 
 def trace_document(config: ChipConfig, events: list[dict], what: str = "", source: str = REFERENCE_SOURCE) -> dict:
@@ -149,16 +154,16 @@ class TracingBackend:
     """A backend passed through that also runs every program on the reference machine with ``trace=True``
     (the timeline's source, whatever simulator runs the chip) and keeps ``(program, trace, counters)``.
     With `inner` None the traced reference run is the run: its result is returned (one simulation, not two).
-    A Verilator `inner` is switched to its own trace (`VerilatorBackend(trace=True)`): the timeline is then
-    the RTL's, and a run whose trace differs from the reference's raises `TimelineMismatch`."""
+    A Verilator or Amaranth `inner` is switched to its own trace (``trace=True``): the timeline is then the
+    RTL's, and a run whose trace differs from the reference's (or has none) raises `TimelineMismatch`."""
 
     def __init__(self, inner, config: ChipConfig):
         from sim.backends.reference import ReferenceMachine
         self.inner = inner
         self.source = REFERENCE_SOURCE
-        if getattr(inner, "name", None) == "verilator":
+        if getattr(inner, "name", None) in RTL_TRACERS:
             inner.trace = True
-            self.source = RTL_SOURCE
+            self.source = rtl_source(inner.name)
         self.config = config
         self.ref = ReferenceMachine(trace=True, config=config)
         self.runs = []
@@ -174,7 +179,7 @@ class TracingBackend:
         r = self.inner.run(program, image, lat, **kw) if self.inner is not None else None
         t = self.ref.run(words, mine, lat, **ref_kw)
         trace = t.trace
-        if self.source == RTL_SOURCE and r is not None:
+        if self.source != REFERENCE_SOURCE and r is not None:
             if r.trace is None:
                 raise TimelineMismatch(f"run {len(self.runs)}: the {self.inner.name} run gave no trace")
             if r.trace != t.trace:

@@ -252,10 +252,18 @@ def test_fast_resident_timeline_from_the_rtl(tmp_path):
     rtl, rtl_result = _run(tmp_path, "--steps", "2", "--chip", "fast", "--mode", "resident", "--sim", "verilator")
     ref, _ = _run(tmp_path, "--steps", "2", "--chip", "fast", "--mode", "resident")
     assert rtl["traceEvents"] == ref["traceEvents"]
-    assert "Verilator model's own trace" in rtl["otherData"]["source"]
+    assert rtl["otherData"]["source"].startswith("the Verilator model: its own trace")
     assert "reference machine" in ref["otherData"]["source"] and "Verilator" not in ref["otherData"]["source"]
     counters = [rtl_result["load"]["counters"]] + [r["counters"] for r in rtl_result["records"]]
     _check_doc(rtl, counters)
+
+
+def test_book_timeline_from_amaranth(tmp_path):
+    """With --sim amaranth the timeline is the Amaranth simulation's own trace: equal to the reference's."""
+    rtl, _ = _run(tmp_path, "--steps", "2", "--sim", "amaranth")
+    ref, _ = _run(tmp_path, "--steps", "2")
+    assert rtl["traceEvents"] == ref["traceEvents"]
+    assert rtl["otherData"]["source"].startswith("Amaranth's simulation of the chip: its own trace")
 
 
 def test_an_rtl_trace_that_differs_is_refused():

@@ -22,7 +22,7 @@ from hdl.harness import ChipHarness
 from hdl.properties import checks
 from sim.backends.amaranth_engine import engine_class
 from sim.backends import (MAX_CYCLES, Backend, BadInput, DidNotHalt, ErrorStop, RunResult, check_lat,
-                         check_max_cycles, image_words, program_words, scratchpad_words, where_stuck)
+                         check_max_cycles, image_words, program_words, scratchpad_words, trace_from_changes, where_stuck)
 
 __all__ = ["AmaranthBackend", "BadInput"]
 
@@ -82,13 +82,24 @@ class _Rig:
         # A legal run needs at most max_cycles + 2 edges after this one (cyc_total counts from the
         # first FETCH); the extra half period puts the deadline between two edges.
         budget = job.max_cycles + 2
-        if not ctx.get(h.halted):
+        chip = h.chip
+        if job.changes is not None:
+            # a traced run: wake at every change of the sequencer's state or pc (a few times an
+            # instruction) and note (cyc_total, state, pc) there, as the Verilator driver does each cycle
+            job.changes.append((ctx.get(h.cyc_total), ctx.get(chip.state).value, ctx.get(chip.pc)))
+            while not ctx.get(h.halted):
+                # cyc_total counts the edges since the start's, so the deadline stays where it was
+                left = budget - ctx.get(h.cyc_total)
+                *_, late = await ctx.changed(chip.state, chip.pc).delay((left + 0.5) * _PERIOD)
+                if late:
+                    break
+                job.changes.append((ctx.get(h.cyc_total), ctx.get(chip.state).value, ctx.get(chip.pc)))
+        elif not ctx.get(h.halted):
             await ctx.posedge(h.halted).delay((budget + 0.5) * _PERIOD)
         if ctx.get(h.halted) and h.config.generated:
             # one more edge: the design's Asserts then judge the first HALT cycle too (nothing may still
             # move after an error stop: chip.halt_quiet); HALT changes no counter or memory
             await ctx.tick()
-        chip = h.chip
         job.halted = ctx.get(h.halted)
         job.counters = [ctx.get(c) for c in (h.cyc_total, h.cyc_mm, h.cyc_dma, h.cyc_vec, h.n_inst)]
         job.where = (ctx.get(chip.pc), ctx.get(chip.cur), ctx.get(chip.state))
@@ -126,7 +137,8 @@ class _RowsByContext:
 
 
 class _Job:
-    def __init__(self, rom, image, max_cycles, spad=None):
+    def __init__(self, rom, image, max_cycles, spad=None, traced=False):
+        self.changes = [] if traced else None       # the sequencer's (cyc_total, state, pc) at each change
         self.rom = rom
         self.image = image
         self.spad = spad
@@ -150,13 +162,18 @@ class AmaranthBackend(Backend):
         Write a waveform of each run to this path (the last run wins); none when ``None``.
     config : hdl.config.ChipConfig
         The chip to simulate (keyword only; the book's chip by default).
+    trace : bool
+        Give every result a per-instruction trace (`RunResult.trace`, keyword only; off by default), rebuilt
+        from the sequencer's state and pc at each of their changes (`sim.backends.trace_from_changes`): the
+        testbench wakes a few times an instruction instead of once a run.
     """
     name = "amaranth"
 
-    def __init__(self, max_cycles: int = MAX_CYCLES, vcd=None, *, config=BOOK):
+    def __init__(self, max_cycles: int = MAX_CYCLES, vcd=None, *, config=BOOK, trace: bool = False):
         self.max_cycles = check_max_cycles(max_cycles)
         self.vcd = vcd
         self.config = config
+        self.trace = bool(trace)
         self._rigs: dict[tuple[int, int], _Rig] = {}
 
     def _rig(self, ext_words, lat):
@@ -177,7 +194,7 @@ class AmaranthBackend(Backend):
         rom = program_words(program)
         ext = image_words(image)
         spad = scratchpad_words(scratchpad, self.config.spad_depth)
-        job = _Job(rom, ext, self.max_cycles, spad)
+        job = _Job(rom, ext, self.max_cycles, spad, traced=self.trace)
         self._rig(len(ext), lat).run(job, self.vcd)
         total = job.counters[0]
         if not job.halted or total > self.max_cycles:
@@ -188,5 +205,6 @@ class AmaranthBackend(Backend):
         if job.error is not None:
             kind, pc, info = job.error
             error = ErrorStop(ErrorStop.KINDS[int(kind.value if hasattr(kind, "value") else kind)], pc, info)
-        return RunResult(ext=job.ext, counters=job.counters, scratchpad=job.scratchpad, error=error)
+        trace = trace_from_changes(job.changes) if job.changes is not None else None
+        return RunResult(ext=job.ext, counters=job.counters, scratchpad=job.scratchpad, error=error, trace=trace)
 
