@@ -22,7 +22,8 @@ from hdl.harness import ChipHarness
 from hdl.properties import checks
 from sim.backends.amaranth_engine import engine_class
 from sim.backends import (MAX_CYCLES, Backend, BadInput, DidNotHalt, ErrorStop, RunResult, check_lat,
-                         check_max_cycles, image_words, program_words, scratchpad_words, trace_from_changes, where_stuck)
+                         check_max_cycles, image_words, program_words, scratchpad_words, trace_from_changes,
+                         where_stuck)
 
 __all__ = ["AmaranthBackend", "BadInput"]
 
