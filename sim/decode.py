@@ -111,7 +111,8 @@ def build_parser() -> Parser:
                    help="with --sim amaranth: write a waveform of the last step's run to PATH (slow, large)")
     p.add_argument("--check", action="store_true",
                    help="also run every step on the reference machine and stop at the first difference, "
-                        "naming the step, the instruction (pc) and the counter or word")
+                        "naming the step, the instruction (pc) and the counter or word; on verilator and amaranth "
+                        "every instruction's fetch, issue and done cycles are compared too")
     p.add_argument("--quiet", action="store_true", help="print only the summary lines")
     return p
 
@@ -151,7 +152,7 @@ class _Counted:
 
     def __init__(self, inner):
         self.inner = inner
-        self.runs = self.words = 0
+        self.runs = self.words = self.instructions = 0
 
     def __getattr__(self, name):
         return getattr(self.inner, name)
@@ -160,6 +161,7 @@ class _Counted:
         r = self.inner.run(program, image, lat, **({} if scratchpad is None else {"scratchpad": scratchpad}))
         self.runs += 1
         self.words += len(r.ext)
+        self.instructions += len(r.trace or ())
         return r
 
 
@@ -203,9 +205,14 @@ def run_decode(a, out=None):
     counted = None
     if a.check:
         from sim.verify.fuzz import CheckedBackend
+        from sim.timeline import RTL_TRACERS
+        # an RTL simulator gives its own per-instruction trace: every instruction's cycles are compared too
+        traced = a.sim in RTL_TRACERS
+        if traced:
+            backend.trace = True
         counted = _Counted(backend)
         from sim.backends.reference import ReferenceMachine
-        backend = CheckedBackend(counted, ReferenceMachine(config=cfg))
+        backend = CheckedBackend(counted, ReferenceMachine(config=cfg, trace=traced))
     tracer = None
     if getattr(a, "trace", None):
         from sim.timeline import TracingBackend
@@ -279,11 +286,14 @@ def run_decode(a, out=None):
               "mm/dma/vec: busy cycles of the units (total adds 2 per instruction, fetch and issue, and 2 for HALT; "
               "2 a step on a prefetch chip, docs/prefetch.md)", file=out)
     if counted is not None:
-        result["check"] = {"steps": counted.runs, "words": counted.words, "identical": True}
+        result["check"] = {"steps": counted.runs, "words": counted.words, "instructions": counted.instructions,
+                           "identical": True}
         runs = f"{counted.runs} steps" if mode == "book" else \
             f"{counted.runs} runs (the load program and {counted.runs - 1} steps)"
+        traced = (f", as are the fetch, issue and done cycles of {counted.instructions:,} instructions"
+                  if counted.instructions else "")
         print(f"check: {runs} compared with the reference machine: all five counters and "
-              f"{counted.words:,} external-memory words identical", file=out)
+              f"{counted.words:,} external-memory words identical{traced}", file=out)
     rate = sums[0] / t_run if t_run > 0 else float("inf")
     print(f"\ncalibration and compile setup {t_cal:.1f} s; {a.steps} steps simulated in {t_run:.1f} s "
           f"({rate:,.0f} chip cycles/s on {a.sim})", file=out)

@@ -332,6 +332,21 @@ def test_decode_check_prints_one_line_and_records_it(tmp_path, capsys):
     assert any(ln.startswith("ctx: tokens attended") and "busy cycles" in ln for ln in out)
 
 
+def test_decode_check_on_verilator_compares_every_instructions_cycles(tmp_path, capsys):
+    """On an RTL simulator --check compares the per-instruction traces too: every instruction of every step
+    (its n_inst and the HALT), named in the line."""
+    from sim import decode
+    path = tmp_path / "c.json"
+    assert decode.main(["--sim", "verilator", "--window", "2", "--steps", "2", "--check", "--json", str(path)]) == 0
+    doc = json.loads(path.read_text())
+    instructions = sum(r["counters"][4] + 1 for r in doc["records"])
+    assert doc["check"]["instructions"] == instructions > 100
+    line = [ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("check: ")]
+    assert line == [f"check: 2 steps compared with the reference machine: all five counters and "
+                    f"{doc['check']['words']:,} external-memory words identical, as are the fetch, issue and "
+                    f"done cycles of {instructions:,} instructions"]
+
+
 def test_bench_fails_when_no_asked_simulator_is_available(monkeypatch, capsys):
     import sim.bench as B
     from sim.backends import BackendUnavailable, get_backend
