@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from hdl.config import ChipConfig
 from hdl.isa import COUNTER_OF, Op, describe, hw_operands, legal_ops, operands
-from sim.backends import SimError, program_words
+from sim.backends import SimError, first_trace_difference, program_words
 
 __all__ = ["PID", "STEPS_TID", "SEQ_TID", "ENGINE_PID", "unit_tracks", "build_events", "trace_document",
            "check_against_counters", "TimelineMismatch", "TracingBackend", "recording_engine", "engine_events",
@@ -182,20 +182,14 @@ class TracingBackend:
         if self.source != REFERENCE_SOURCE and r is not None:
             if r.trace is None:
                 raise TimelineMismatch(f"run {len(self.runs)}: the {self.inner.name} run gave no trace")
-            if r.trace != t.trace:
-                k = next((k for k, (a, b) in enumerate(zip(r.trace, t.trace)) if a != b),
-                         min(len(r.trace), len(t.trace)))
+            where = first_trace_difference(t.trace, r.trace)
+            if where is not None:
                 raise TimelineMismatch(f"run {len(self.runs)}: the {self.inner.name} trace differs from the "
-                                       f"reference machine's at instruction {k}: {_entry(r.trace, k)} against "
-                                       f"{_entry(t.trace, k)}")
+                                       f"reference machine's at {where}")
             trace = r.trace
         self.runs.append((words, trace, list(t.counters)))
         self.cycles += int(t.counters[0])
         return t if r is None else r
-
-
-def _entry(trace, k):
-    return str(trace[k]) if k < len(trace) else "nothing (the trace ended)"
 
 
 # ---- the serving engine (`ga2 serve --trace`): a second process, same chip-cycle time base ------------

@@ -49,3 +49,22 @@ def run(dut, bench, *, clocked: bool = True, domain=None):
     else:
         sim.run()
     return result.get("value")
+
+
+def check_traces_against_reference(cases, got, cfg, budget, least_entries):
+    """Each result of `got` (an RTL run of fuzz case `cases[i]` with ``trace=True``) equals the reference
+    machine's run of the same case, trace included; on a chip other than the book's the cases must have
+    reached overlapped issues, a HALT issued in a done cycle, an error stop and resident programs."""
+    from sim.backends import first_difference
+    from sim.backends.reference import ReferenceMachine
+    ref = ReferenceMachine(check=False, trace=True, config=cfg, max_cycles=budget)
+    for c, r in zip(cases, got, strict=True):
+        want = ref.run(c.program, c.image, c.lat, c.scratchpad)
+        assert first_difference(want, r) is None
+        assert r.trace == want.trace, f"program {c.index}"
+    assert sum(len(r.trace) for r in got) > least_entries
+    if cfg.generated:
+        assert any(e.seq == 0 for r in got for e in r.trace[:-1])      # issued in a done cycle
+        assert any(r.trace[-1].seq == 0 for r in got)                   # a HALT issued in a done cycle
+        assert any(r.error is not None for r in got)                    # an error stop
+        assert any(c.scratchpad is not None for c in cases)             # resident programs

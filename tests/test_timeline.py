@@ -288,5 +288,5 @@ def test_an_rtl_trace_that_differs_is_refused():
     tracer = TracingBackend(inner, BOOK)
     assert inner.trace is True                  # switched to its own trace
     with pytest.raises(TimelineMismatch, match=r"^run 0: the verilator trace differs from the reference machine's "
-                                               r"at instruction 1: TraceEntry\(pc=1, "):
+                                               r"at entry 1: expected TraceEntry\(pc=1, .*, got TraceEntry\(pc=1, "):
         tracer.run([ld(0, 0, 4).word, st(0, 8, 4).word, halt().word], [1, 2, 3, 4] + [0] * 2044)

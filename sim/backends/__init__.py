@@ -88,6 +88,17 @@ def trace_from_changes(changes) -> list[TraceEntry]:
     return trace
 
 
+def first_trace_difference(expected, got) -> str | None:
+    """None when two traces (`TraceEntry` lists) are equal, else where they first part: "entry k: expected
+    ..., got ..." (an entry missing on one side is "no entry")."""
+    if expected == got:
+        return None
+    k = next((k for k, (a, b) in enumerate(zip(expected, got)) if a != b), min(len(expected), len(got)))
+    def entry(t):
+        return str(t[k]) if k < len(t) else "no entry"
+    return f"entry {k}: expected {entry(expected)}, got {entry(got)}"
+
+
 @dataclass(frozen=True)
 class ErrorStop:
     """The chip's error state after an error stop (a chip other than the book's, ``hdl.isa.ErrorKind``).

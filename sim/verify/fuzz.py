@@ -15,7 +15,8 @@ import time
 
 from hdl.isa import describe, halt
 
-from sim.backends import MAX_CYCLES, Backend, RunResult, SimError, first_difference, get_backend
+from sim.backends import (MAX_CYCLES, Backend, RunResult, SimError, first_difference, first_trace_difference,
+                          get_backend)
 from sim.cli import (Parser, UsageError, assert_option, backend_options, board_options, chip_option, guarded,
                      int_range, link_report, sim_option)
 
@@ -51,13 +52,10 @@ def _compare(expected, got) -> str | None:
             return f"{type(r).__name__} ({r})" if isinstance(r, Exception) else "a normal halt"
         return f"expected {outcome(expected)}, got {outcome(got)}"
     diff = first_difference(expected, got)
-    if diff is None and expected.trace is not None and got.trace is not None and expected.trace != got.trace:
-        # equal results and counters, but some instruction started or ended in another cycle
-        k = next((k for k, (a, b) in enumerate(zip(expected.trace, got.trace)) if a != b),
-                 min(len(expected.trace), len(got.trace)))
-        def entry(t):
-            return str(t[k]) if k < len(t) else "no entry"
-        diff = f"trace entry {k}: expected {entry(expected.trace)}, got {entry(got.trace)}"
+    if diff is None and expected.trace is not None and got.trace is not None:
+        # equal results and counters, but some instruction may have started or ended in another cycle
+        where = first_trace_difference(expected.trace, got.trace)
+        diff = None if where is None else f"trace {where}"
     return diff
 
 
